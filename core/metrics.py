@@ -1,0 +1,35 @@
+"""Prometheus metrics: one registry per process (no global default registry)."""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    """Holds a process's metrics; `serve(addr)` exposes them at http://addr/metrics."""
+
+    def __init__(self, namespace: str = "sluice") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.namespace = namespace
+
+    def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+        return Counter(name, doc, labels, namespace=self.namespace, registry=self.registry)
+
+    def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+        return Gauge(name, doc, labels, namespace=self.namespace, registry=self.registry)
+
+    def histogram(self, name: str, doc: str, labels: tuple[str, ...] = (),
+                  buckets: tuple[float, ...] = Histogram.DEFAULT_BUCKETS) -> Histogram:
+        return Histogram(name, doc, labels, namespace=self.namespace, registry=self.registry,
+                         buckets=buckets)
+
+    def serve(self, addr: str) -> None:
+        """Start the /metrics endpoint on host:port (empty addr: disabled)."""
+        if not addr:
+            return
+        host, _, port = addr.rpartition(":")
+        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        log.info("metrics at http://%s/metrics", addr)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One install script for a fresh machine, used by `make demo`, `make test`, .ci/run and the
+# Dockerfile: Debian packages, then a project venv (.venv) with the pinned requirements and
+# Sluice itself (editable, under the `sluice` namespace).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+APT_PACKAGES=(
+  etcd-server etcd-client            # registry, TSO window, checkpoints
+  mariadb-server mariadb-client      # capture source, MySQL sink, outbox
+  redis-server                       # pump benchmark baseline
+  sysbench                           # realistic OLTP load
+  default-jre-headless               # Spark
+  libderby-java libderbyclient-java  # Derby network server: shared Hive metastore
+  procps psmisc                      # ps/pkill in tests and cluster status
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "install.sh: apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.requirements.sha
+want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,33 @@
+"""Fixtures that start real processes on free 127.0.0.1 ports and always stop them."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TZ", "UTC")
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from tests.support.procs import EtcdServer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def etcd_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One etcd per test module (tests isolate themselves by key prefix / cluster name)."""
+    server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A fresh etcd for one test (for tests that stop or restart it)."""
+    server = EtcdServer(tmp_path / "etcd").start()
+    try:
+        yield server
+    finally:
+        server.stop()
