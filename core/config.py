@@ -27,8 +27,32 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _convert(value: Any, tp: Any, where: str) -> Any:
+class _Where:
+    """Names the source of a key in error messages: the file, or `--set` for an override."""
+
+    def __init__(self, file: str, overridden: set[tuple[str, ...]]) -> None:
+        self.file, self.overridden = file, overridden
+
+    def source(self, path: tuple[str, ...]) -> str:
+        if any(path[:n] in self.overridden for n in range(1, len(path) + 1)):
+            return f"{self.file} (--set {'.'.join(path)})" if self.file != "<defaults>" else "--set"
+        return self.file
+
+    def key(self, path: tuple[str, ...], shown: str) -> str:
+        return f"{self.source(path)}: key '{shown}'"
+
+
+def _show(path: tuple[str, ...]) -> str:
+    """('storage', 'max-binlog-size') -> 'storage.max-binlog-size'; list items as [i]."""
+    out = ""
+    for part in path:
+        out += part if part.startswith("[") or not out else "." + part
+    return out
+
+
+def _convert(value: Any, tp: Any, where: _Where, path: tuple[str, ...]) -> Any:
     origin = typing.get_origin(tp)
+    what = where.key(path, _show(path))
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
@@ -36,51 +60,60 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         errors = []
         for a in args:
             try:
-                return _convert(value, a, where)
+                return _convert(value, a, where, path)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0])
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a table, got {type(value).__name__}")
-        return _build(tp, value, where)
+            raise ConfigError(f"{what}: expected a table, got {type(value).__name__}")
+        return _build(tp, value, where, path)
     if origin is list:
         (item,) = typing.get_args(tp) or (Any,)
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
-        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+            raise ConfigError(f"{what}: expected a list, got {type(value).__name__}")
+        return [_convert(v, item, where, (*path, f"[{i}]")) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a table, got {type(value).__name__}")
+            raise ConfigError(f"{what}: expected a table, got {type(value).__name__}")
         _, vt = typing.get_args(tp) or (str, Any)
-        return {k: _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
+        return {k: _convert(v, vt, where, (*path, k)) for k, v in value.items()}
     if tp is Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp is int and isinstance(value, bool):
-        raise ConfigError(f"{where}: expected an integer, got a boolean")
+        raise ConfigError(f"{what}: expected an integer, got a boolean")
     if isinstance(tp, type) and not isinstance(value, tp):
-        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{what}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
     return value
 
 
-def _build(cls: type[T], data: dict[str, Any], where: str) -> T:
+def from_dict(cls: type[T], data: dict[str, Any], where: str) -> T:
+    """Build cls from an already-parsed table (e.g. a sink's options), checked like `load`;
+    `where` names the source in error messages."""
+    return _build(cls, data, _Where(where, set()))
+
+
+def _build(cls: type[T], data: dict[str, Any], where: _Where | str, path: tuple[str, ...] = ()) -> T:
+    if isinstance(where, str):
+        where = _Where(where, set())
     hints = typing.get_type_hints(cls)
     fields = {field_key(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    table = f" in [{_show(path)}]" if path else ""
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         f = fields.get(key)
         if f is None:
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ConfigError(f"{where}: unknown key '{key}'{hint}")
-        kwargs[f.name] = _convert(value, hints[f.name], f"{where}: key '{key}'" if "key '" not in where
-                                  else f"{where}.{key}")
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a required field is missing
-        raise ConfigError(f"{where}: {e}") from None
+            raise ConfigError(f"{where.source((*path, key))}: unknown key '{key}'{table}{hint}")
+        kwargs[f.name] = _convert(value, hints[f.name], where, (*path, key))
+    for key, f in fields.items():
+        if (f.name not in kwargs and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING):  # type: ignore[misc]
+            raise ConfigError(f"{where.source((*path, key))}: missing required key '{key}'{table}")
+    return cls(**kwargs)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -95,7 +128,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def merge_overrides(data: dict[str, Any], overrides: list[str]) -> set[tuple[str, ...]]:
+    """Apply `key=value` overrides to data in place; returns the overridden key paths."""
+    done: set[tuple[str, ...]] = set()
     for text in overrides:
         path, value = parse_override(text)
         node = data
@@ -104,7 +139,8 @@ def merge_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {part} is not a table")
         node[path[-1]] = value
-    return data
+        done.add(tuple(path))
+    return done
 
 
 def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
@@ -119,8 +155,8 @@ def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | No
             raise ConfigError(f"{name}: config file not found") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{name}: invalid TOML: {e}") from None
-    merge_overrides(data, overrides or [])
-    return _build(cls, data, name)
+    overridden = merge_overrides(data, overrides or [])
+    return _build(cls, data, _Where(name, overridden))
 
 
 def dump_defaults(cls: type) -> dict[str, Any]:

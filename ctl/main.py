@@ -43,37 +43,40 @@ def add_process_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
-        mod = _load(module)
-        if mod is None:
-            p.set_defaults(_unavailable=True)
-            continue
-        mod.add_arguments(p)
+    """The top-level parser: it knows the command names only (no command module imported)."""
+    lines = [f"  {name:<10} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    parser = argparse.ArgumentParser(
+        prog="sluice", description=__doc__.split("\n\n")[0],
+        epilog="commands:\n" + "\n".join(lines) + "\n\n`sluice COMMAND --help` for each command's flags",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=list(COMMANDS), metavar="COMMAND")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
 
-def _load(module: str):  # type: ignore[no-untyped-def]
+def command_parser(name: str):  # type: ignore[no-untyped-def]
+    """(parser, module) for one command; imports only that command's module."""
+    module_name, help_text = COMMANDS[name]
+    p = argparse.ArgumentParser(prog=f"sluice {name}", description=help_text)
     try:
-        return importlib.import_module(module)
+        mod = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name and module.startswith(e.name):
-            return None
+        if e.name and module_name.startswith(e.name):
+            return p, None
         raise
+    mod.add_arguments(p)
+    return p, mod
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "_unavailable", False):
-        print(f"sluice {args.command}: not part of this build yet", file=sys.stderr)
+    top = build_parser().parse_args(argv)
+    parser, mod = command_parser(top.command)
+    if mod is None:
+        print(f"sluice {top.command}: not part of this build yet", file=sys.stderr)
         return 2
-    run: Callable[[argparse.Namespace], int] = importlib.import_module(args._module).run
+    args = parser.parse_args(top.args)
+    args.command = top.command
+    run: Callable[[argparse.Namespace], int] = mod.run
     try:
         return int(run(args) or 0)
     except ConfigError as e:

@@ -1,0 +1,186 @@
+"""Pump write benchmark: 1 KiB binlogs, 64 concurrent writers each awaiting its own durable ack,
+through coalesced batched writes, vs redis-server XADD with appendfsync always (same run).
+
+Also PullBinlogs throughput vs plain sequential reads of the same segment files.
+Usage: .venv/bin/python bench/pump_write.py [--seconds 10] [--writers 64]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import grpc  # noqa: E402
+
+from sluice.client.batcher import WriteBatcher  # noqa: E402
+from sluice.core import grpcutil, ts  # noqa: E402
+from sluice.proto import sluice_pb2 as pb  # noqa: E402
+from sluice.proto import sluice_pb2_grpc as pbg  # noqa: E402
+from tests.support.cluster import CLUSTER_ID, Cluster  # noqa: E402
+from tests.support.procs import EtcdServer, Proc, free_port, port_open, wait_until  # noqa: E402
+
+PAYLOAD = os.urandom(1024)
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p))] * 1000 if values else 0.0
+
+
+async def redis_run(port: int, writers: int, seconds: float, pipeline: int) -> tuple[float, list[float]]:
+    import redis.asyncio as aioredis
+    r = aioredis.Redis(host="127.0.0.1", port=port, max_connections=writers)
+    lat: list[float] = []
+    count = 0
+    end = time.monotonic() + seconds
+
+    async def writer() -> None:
+        nonlocal count
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            if pipeline == 1:
+                await r.xadd("s", {"v": PAYLOAD})
+            else:
+                async with r.pipeline(transaction=False) as p:
+                    for _ in range(pipeline):
+                        p.xadd("s", {"v": PAYLOAD})
+                    await p.execute()
+            lat.append(time.monotonic() - t0)
+            count += pipeline
+    t0 = time.monotonic()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    rate = count / (time.monotonic() - t0)
+    await r.aclose()
+    return rate, lat
+
+
+async def pump_run(addr: str, writers: int, seconds: float) -> tuple[float, list[float], int]:
+    channel = grpcutil.aio_channel(addr)
+    batcher = WriteBatcher(channel, CLUSTER_ID, max_batch=512, max_inflight=2)
+    counter = ts.now_ts() + (1 << 30)
+    lat: list[float] = []
+    count = 0
+    end = time.monotonic() + seconds
+
+    def next_ts() -> int:
+        nonlocal counter
+        counter += 1
+        return counter
+
+    async def writer() -> None:
+        nonlocal count
+        while time.monotonic() < end:
+            s = next_ts()
+            t0 = time.monotonic()
+            await batcher.write(pb.Binlog(tp=pb.PREWRITE, start_ts=s, prewrite_value=PAYLOAD,
+                                          producer_id="bench").SerializeToString())
+            lat.append(time.monotonic() - t0)
+            c = next_ts()
+            t0 = time.monotonic()
+            await batcher.write(pb.Binlog(tp=pb.COMMIT, start_ts=s, commit_ts=c,
+                                          producer_id="bench").SerializeToString())
+            lat.append(time.monotonic() - t0)
+            count += 2
+    t0 = time.monotonic()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    rate = count / (time.monotonic() - t0)
+    rpcs = batcher.rpcs
+    await batcher.close()
+    await channel.close()
+    return rate, lat, rpcs
+
+
+def pull_all(addr: str, expect: int) -> tuple[float, float, int]:
+    ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
+    stub = pbg.PumpStub(ch)
+    n = size = 0
+    t0 = time.monotonic()
+    stream = stub.PullBinlogs(pb.PullBinlogsReq(cluster_id=CLUSTER_ID, after_commit_ts=0), timeout=300)
+    for resp in stream:
+        n += len(resp.binlogs)
+        size += sum(map(len, resp.binlogs))
+        if n >= expect:
+            break
+    stream.cancel()
+    dt = time.monotonic() - t0
+    ch.close()
+    return n / dt, size / dt / 1e6, n
+
+
+def raw_read(data_dir: Path) -> tuple[float, float, int]:
+    import struct
+    n = size = 0
+    t0 = time.monotonic()
+    for seg in sorted((data_dir / "vlog").glob("*.log")):
+        with open(seg, "rb", buffering=1 << 20) as f:
+            while True:
+                head = f.read(12)
+                if len(head) < 12:
+                    break
+                (length,) = struct.unpack_from(">I", head, 4)
+                payload = f.read(length)
+                n += 1
+                size += len(payload)
+    dt = time.monotonic() - t0
+    return n / dt, size / dt / 1e6, n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--writers", type=int, default=64)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sluice-bench-pump-"))
+    etcd = EtcdServer(work / "etcd").start()
+    cluster = Cluster(work, etcd.endpoint)
+    redis_port = free_port()
+    redis = Proc("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                           "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                           "--dir", str(work)], work / "redis.log").start()
+    try:
+        wait_until(lambda: port_open(redis_port), 10, what="redis")
+        cluster.start_tso()
+        pump = cluster.start_pump(**{"heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0})
+        print(f"benchmark: {args.writers} writers, {args.seconds}s each phase, 1 KiB binlogs", flush=True)
+        r1, rl1 = asyncio.run(redis_run(redis_port, args.writers, args.seconds, 1))
+        print(f"  redis XADD appendfsync=always: {r1:,.0f}/s", flush=True)
+        r16, rl16 = asyncio.run(redis_run(redis_port, args.writers, args.seconds, 16))
+        print(f"  redis XADD pipeline 16:        {r16:,.0f}/s", flush=True)
+        ours, lat, rpcs = asyncio.run(pump_run(pump.addr, args.writers, args.seconds))
+        print(f"  sluice pump batched writes:    {ours:,.0f}/s ({rpcs} RPCs)", flush=True)
+        total = int(ours * args.seconds)
+        pull_rate, pull_mb, n = pull_all(pump.addr, int(total * 0.95))
+        raw_rate, raw_mb, rn = raw_read(pump.data_dir)
+    finally:
+        cluster.stop()
+        redis.stop()
+        etcd.stop()
+    today = datetime.date.today().isoformat()
+    machine = f"{os.cpu_count()} cores"
+    rows = [
+        ("pump writes vs redis XADD (64 asyncio callers)", f"{r1:,.0f}/s", f"{ours:,.0f}/s", ours / r1),
+        ("pump writes vs redis XADD pipeline 16", f"{r16:,.0f}/s", f"{ours:,.0f}/s", ours / r16),
+        ("PullBinlogs vs raw segment read (binlogs/s)", f"{raw_rate:,.0f}/s", f"{pull_rate:,.0f}/s",
+         pull_rate / raw_rate),
+    ]
+    print(f"\n| what | baseline | ours | ratio | machine | date |\n|---|---|---|---|---|---|")
+    for what, base, our, ratio in rows:
+        print(f"| {what} | {base} | {our} | {ratio:.2f}x | {machine} | {today} |")
+    print(f"\nack latency ours p50 {pct(lat, .5):.2f} ms p99 {pct(lat, .99):.2f} ms; redis p50 "
+          f"{pct(rl1, .5):.2f} ms p99 {pct(rl1, .99):.2f} ms; binlogs per RPC "
+          f"{ours * args.seconds / max(rpcs, 1):.1f}; PullBinlogs {pull_mb:.1f} MB/s vs raw "
+          f"{raw_mb:.1f} MB/s ({n} vs {rn} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

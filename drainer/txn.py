@@ -1,0 +1,341 @@
+"""What moves inside the drainer: a joined transaction (Txn), its row events, and schema history.
+
+Invariants kept here:
+- A Txn is built only from a COMMIT and every part of its PREWRITE, joined in part order;
+  anything else is CorruptTxn naming pump, start_ts and commit_ts. (Same start_ts, parts
+  0..part_count-1: a transaction is never decoded from a partial or mismatched prewrite.)
+- SchemaHistory answers with the table shape in force at commit_ts: the latest version with
+  commit_ts <= the given commit_ts. So rows are decoded with the shape they were written with,
+  even after later DDL and after a restart from an old checkpoint.
+"""
+from __future__ import annotations
+
+import base64
+import bisect
+import dataclasses
+import json
+import logging
+from typing import Protocol
+
+from google.protobuf.message import DecodeError
+
+from sluice.core.errors import SluiceError
+from sluice.proto import sluice_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class CorruptTxn(SluiceError):
+    """A transaction whose binlogs cannot be joined or decoded. Never skipped silently."""
+
+    def __init__(self, pump_id: str, start_ts: int | None, commit_ts: int | None, reason: str) -> None:
+        super().__init__(f"corrupt transaction from pump {pump_id} (start_ts {_fmt(start_ts)}, "
+                         f"commit_ts {_fmt(commit_ts)}): {reason}")
+        self.pump_id, self.start_ts, self.commit_ts, self.reason = pump_id, start_ts, commit_ts, reason
+
+
+class MissingSchema(SluiceError):
+    """Rows for a table whose shape is unknown at their commit_ts: they cannot be decoded."""
+
+    def __init__(self, table_id: int, schema_name: str, table_name: str, commit_ts: int) -> None:
+        super().__init__(f"no schema for table id {table_id} ({schema_name}.{table_name}) at "
+                         f"commit_ts {commit_ts}: no schema snapshot or DDL for it at or before "
+                         f"that commit_ts")
+        self.table_id, self.commit_ts = table_id, commit_ts
+        self.schema_name, self.table_name = schema_name, table_name
+
+
+class CorruptSchemaHistory(SluiceError):
+    """Persisted schema history (with a checkpoint) that cannot be read back."""
+
+
+def _fmt(ts: int | None) -> str:
+    return "?" if ts is None else str(ts)
+
+
+_OPS = {pb.INSERT: "c", pb.UPDATE: "u", pb.DELETE: "d", pb.READ: "r"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowEvent:
+    op: str                       # 'c' | 'u' | 'd' | 'r'
+    schema: str
+    table: str
+    table_id: int
+    before: pb.Row | None         # u, d
+    after: pb.Row | None          # c, u, r
+    table_info: pb.TableInfo      # the shape in force at the transaction's commit_ts
+    seq: int                      # 0-based order of the row within its transaction
+
+
+class SchemaLookup(Protocol):
+    def table_at(self, table_id: int, commit_ts: int) -> pb.TableInfo | None: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Txn:
+    commit_ts: int
+    start_ts: int
+    producer_id: str
+    position: pb.Position | None
+    prewrite: pb.PrewriteValue
+    snapshot: pb.SnapshotProgress | None
+    pump_id: str
+
+    @property
+    def ddl(self) -> pb.DDL | None:
+        return self.prewrite.ddl if self.prewrite.HasField("ddl") else None
+
+    @property
+    def is_ddl(self) -> bool:
+        return self.prewrite.HasField("ddl")
+
+    @property
+    def source(self) -> pb.SourceInfo | None:
+        return self.prewrite.source if self.prewrite.HasField("source") else None
+
+    def rows(self, schema: SchemaLookup) -> list[RowEvent]:
+        """Row events in source order; raises MissingSchema for a table unknown at commit_ts."""
+        out: list[RowEvent] = []
+        snapshot_chunk = self.prewrite.snapshot_chunk
+        seq = 0
+        for m in self.prewrite.mutations:
+            info = schema.table_at(m.table_id, self.commit_ts)
+            if info is None:
+                raise MissingSchema(m.table_id, m.schema_name, m.table_name, self.commit_ts)
+            if m.table_version and info.version and m.table_version != info.version:
+                # Rows are decoded by commit_ts; a differing version stamp means the producer and
+                # the schema history disagree — worth a trace when a decode later fails.
+                log.warning("table version mismatch", extra={"fields": {
+                    "table_id": m.table_id, "rows_version": m.table_version,
+                    "schema_version": info.version, "commit_ts": self.commit_ts}})
+            schema_name = info.schema_name or m.schema_name
+            table_name = info.table_name or m.table_name
+            for ch in m.changes:
+                op = _OPS.get(ch.tp)
+                if op is None:
+                    raise CorruptTxn(self.pump_id, self.start_ts, self.commit_ts,
+                                     f"row change of unknown type {ch.tp} for table id {m.table_id}")
+                if op == "c" and snapshot_chunk:
+                    op = "r"
+                before = ch.before if op in ("u", "d") and ch.HasField("before") else None
+                after = ch.after if op in ("c", "u", "r") and ch.HasField("after") else None
+                if (op in ("u", "d") and before is None) or (op != "d" and after is None):
+                    raise CorruptTxn(self.pump_id, self.start_ts, self.commit_ts,
+                                     f"op {op} row #{seq} of table id {m.table_id} lacks its "
+                                     f"{'before' if op in ('u', 'd') and before is None else 'after'} image")
+                out.append(RowEvent(op, schema_name, table_name, m.table_id, before, after, info, seq))
+                seq += 1
+        return out
+
+    @classmethod
+    def from_binlogs(cls, prewrite_parts: list[bytes], commit: bytes, pump_id: str) -> Txn:
+        """Join a COMMIT binlog with its PREWRITE part(s) (any order) into one transaction."""
+        c = pb.Binlog()
+        try:
+            c.ParseFromString(commit)
+        except DecodeError as e:
+            raise CorruptTxn(pump_id, None, None, f"undecodable commit binlog: {e}") from None
+        start_ts, commit_ts = c.start_ts, c.commit_ts
+        if c.tp != pb.COMMIT:
+            raise CorruptTxn(pump_id, start_ts, commit_ts,
+                             f"expected a COMMIT binlog, got {pb.BinlogType.Name(c.tp)}")
+        if not prewrite_parts:
+            raise CorruptTxn(pump_id, start_ts, commit_ts, "no prewrite binlog")
+        parts: dict[int, pb.Binlog] = {}
+        count = 0
+        for i, raw in enumerate(prewrite_parts):
+            p = pb.Binlog()
+            try:
+                p.ParseFromString(raw)
+            except DecodeError as e:
+                raise CorruptTxn(pump_id, start_ts, commit_ts,
+                                 f"undecodable prewrite binlog #{i}: {e}") from None
+            if p.tp != pb.PREWRITE or p.start_ts != start_ts:
+                raise CorruptTxn(pump_id, start_ts, commit_ts,
+                                 f"binlog #{i} is {pb.BinlogType.Name(p.tp)} start_ts {p.start_ts}, "
+                                 f"not a prewrite of this transaction")
+            n = max(1, p.part_count)
+            if count and n != count:
+                raise CorruptTxn(pump_id, start_ts, commit_ts,
+                                 f"prewrite parts disagree on part_count ({count} vs {n})")
+            count = n
+            if p.part_no >= n:
+                raise CorruptTxn(pump_id, start_ts, commit_ts,
+                                 f"prewrite part_no {p.part_no} >= part_count {n}")
+            seen = parts.get(p.part_no)
+            if seen is not None and seen.prewrite_value != p.prewrite_value:
+                raise CorruptTxn(pump_id, start_ts, commit_ts,
+                                 f"two different prewrite parts numbered {p.part_no}")
+            parts[p.part_no] = p
+        missing = [i for i in range(count) if i not in parts]
+        if missing:
+            raise CorruptTxn(pump_id, start_ts, commit_ts,
+                             f"missing prewrite part(s) {missing} of {count}")
+        ordered = [parts[i] for i in range(count)]
+        value = pb.PrewriteValue()
+        try:
+            value.ParseFromString(b"".join(p.prewrite_value for p in ordered))
+        except DecodeError as e:
+            raise CorruptTxn(pump_id, start_ts, commit_ts,
+                             f"undecodable prewrite value ({count} part(s)): {e}") from None
+        first = ordered[0]
+        position = (c.position if c.HasField("position")
+                    else first.position if first.HasField("position") else None)
+        snapshot = (c.snapshot if c.HasField("snapshot")
+                    else first.snapshot if first.HasField("snapshot") else None)
+        return cls(commit_ts=commit_ts, start_ts=start_ts,
+                   producer_id=c.producer_id or first.producer_id, position=position,
+                   prewrite=value, snapshot=snapshot, pump_id=pump_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Schema history
+# --------------------------------------------------------------------------------------------
+
+_SHAPED_DDL = (pb.CREATE_TABLE, pb.ALTER_TABLE, pb.RENAME_TABLE, pb.TRUNCATE_TABLE)
+_FORMAT = 1
+
+
+class SchemaHistory:
+    """Table shapes per table_id, versioned by the commit_ts of the DDL or snapshot that set them.
+
+    A version of None means the table is dropped from that commit_ts on.
+    """
+
+    def __init__(self) -> None:
+        self._ts: dict[int, list[int]] = {}
+        self._infos: dict[int, list[pb.TableInfo | None]] = {}
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def table_at(self, table_id: int, commit_ts: int) -> pb.TableInfo | None:
+        ts = self._ts.get(table_id)
+        if not ts:
+            return None
+        i = bisect.bisect_right(ts, commit_ts) - 1
+        return self._infos[table_id][i] if i >= 0 else None
+
+    def table_ids(self) -> list[int]:
+        return sorted(self._ts)
+
+    def find(self, schema_name: str, table_name: str, commit_ts: int) -> pb.TableInfo | None:
+        """The table named schema.table at commit_ts (names move with RENAME), if any."""
+        for table_id in self._ts:
+            info = self.table_at(table_id, commit_ts)
+            if info is not None and info.schema_name == schema_name and info.table_name == table_name:
+                return info
+        return None
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._ts.values())
+
+    # -- recording ----------------------------------------------------------------------------
+
+    def record(self, table_id: int, commit_ts: int, info: pb.TableInfo | None) -> None:
+        """Set the version of table_id from commit_ts on; re-recording the same ts replaces it."""
+        ts = self._ts.setdefault(table_id, [])
+        infos = self._infos.setdefault(table_id, [])
+        i = bisect.bisect_left(ts, commit_ts)
+        if i < len(ts) and ts[i] == commit_ts:
+            infos[i] = info
+        else:
+            ts.insert(i, commit_ts)
+            infos.insert(i, info)
+
+    def apply(self, txn: Txn) -> None:
+        """Record the schema effects of a transaction: its schema snapshots, then its DDL."""
+        cts = txn.commit_ts
+        for info in txn.prewrite.schema_snapshots:
+            self.record(info.table_id, cts, info)
+        ddl = txn.ddl
+        if ddl is None:
+            return
+        if ddl.tp in _SHAPED_DDL:
+            if ddl.HasField("table_info"):
+                info = ddl.table_info
+                if ddl.table_id and info.table_id and ddl.table_id != info.table_id:
+                    log.warning("ddl table_id differs from its table_info; using table_info's",
+                                extra={"fields": {"ddl_table_id": ddl.table_id,
+                                                  "info_table_id": info.table_id, "commit_ts": cts}})
+                self.record(info.table_id or ddl.table_id, cts, info)
+                return
+            prev = self._ddl_target(ddl, cts)
+            if prev is None:
+                log.warning("ddl without table_info for an unknown table; shape not recorded",
+                            extra={"fields": {"type": pb.DDLType.Name(ddl.tp), "commit_ts": cts,
+                                              "table": f"{ddl.schema_name}.{ddl.table_name}"}})
+                return
+            if ddl.tp == pb.RENAME_TABLE:
+                renamed = pb.TableInfo()
+                renamed.CopyFrom(prev)
+                renamed.schema_name, renamed.table_name = ddl.schema_name, ddl.table_name
+                self.record(prev.table_id, cts, renamed)
+            # TRUNCATE without table_info keeps the shape; CREATE/ALTER without it cannot be known.
+            return
+        if ddl.tp == pb.DROP_TABLE:
+            prev = self._ddl_target(ddl, cts)
+            if prev is not None:
+                self.record(prev.table_id, cts, None)
+            elif ddl.table_id:
+                self.record(ddl.table_id, cts, None)
+            return
+        if ddl.tp == pb.DROP_DATABASE:
+            for table_id in list(self._ts):
+                info = self.table_at(table_id, cts)
+                if info is not None and info.schema_name == ddl.schema_name:
+                    self.record(table_id, cts, None)
+
+    def _ddl_target(self, ddl: pb.DDL, commit_ts: int) -> pb.TableInfo | None:
+        """The table a DDL acts on, as it was just before commit_ts."""
+        before = commit_ts - 1
+        if ddl.table_id:
+            info = self.table_at(ddl.table_id, before)
+            if info is not None:
+                return info
+        if ddl.tp == pb.RENAME_TABLE:
+            return self.find(ddl.old_schema_name, ddl.old_table_name, before)
+        return self.find(ddl.schema_name, ddl.table_name, before)
+
+    def prune(self, before_commit_ts: int) -> None:
+        """Forget versions older than the one in force at before_commit_ts (lookups >= it unchanged)."""
+        for table_id in list(self._ts):
+            ts, infos = self._ts[table_id], self._infos[table_id]
+            i = max(0, bisect.bisect_right(ts, before_commit_ts) - 1)
+            # A leading drop marker answers None, exactly like having no version at all.
+            while i < len(infos) and infos[i] is None:
+                i += 1
+            if i >= len(ts):
+                del self._ts[table_id], self._infos[table_id]
+            elif i:
+                del ts[:i], infos[:i]
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        tables = {
+            str(table_id): [[t, None if info is None
+                             else base64.b64encode(info.SerializeToString()).decode("ascii")]
+                            for t, info in zip(self._ts[table_id], self._infos[table_id])]
+            for table_id in sorted(self._ts)
+        }
+        return json.dumps({"format": _FORMAT, "tables": tables}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SchemaHistory:
+        h = cls()
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != _FORMAT:
+                raise ValueError(f"unsupported format {doc.get('format')!r}")
+            for key, versions in doc["tables"].items():
+                table_id = int(key)
+                for t, b64 in versions:
+                    info = None
+                    if b64 is not None:
+                        info = pb.TableInfo()
+                        info.ParseFromString(base64.b64decode(b64, validate=True))
+                    h.record(table_id, int(t), info)
+        except (ValueError, KeyError, TypeError, AttributeError, DecodeError) as e:
+            raise CorruptSchemaHistory(f"cannot read schema history: {e}") from None
+        return h

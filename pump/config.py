@@ -1,0 +1,43 @@
+"""Pump configuration (`pump.toml`, kebab-case keys; defaults like TiDB-Binlog's pump)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sluice.core.tls import SecurityConfig
+
+
+@dataclass
+class StorageConfig:
+    segment_size: int = 512 << 20
+    max_binlog_size: int = 64 << 20
+    max_inflight_bytes: int = 256 << 20
+    stop_write_at_available_space: int = 10 << 30
+    sync: bool = True
+
+
+@dataclass
+class PumpConfig:
+    cluster_id: int = 1
+    node_id: str = ""                    # default: pump-<host>-<port>
+    addr: str = "127.0.0.1:8250"
+    advertise_addr: str = ""
+    data_dir: str = "data.pump"
+    etcd: str = "127.0.0.1:2379"
+    tso: list[str] = field(default_factory=list)   # TSO addresses; empty: leader from etcd
+    heartbeat_interval: float = 3.0      # fake binlog every this many seconds
+    pull_heartbeat_interval: float = 1.0  # ... and at least this often while a drainer pulls
+    alive_ttl: int = 5                   # lease TTL of the alive key, seconds
+    txn_timeout: float = 15.0            # ask the producer about a prewrite older than this
+    gc_retention: float = 7 * 86400.0    # seconds of binlogs kept beyond drainer checkpoints
+    gc_interval: float = 60.0
+    gc_force: bool = False               # ignore drainer checkpoints (loses data they need)
+    score: int = 100                     # routing weight for the client's `score` strategy
+    metrics_addr: str = ""
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def resolved_node_id(self) -> str:
+        return self.node_id or "pump-" + (self.advertise_addr or self.addr).replace(":", "-")
+
+    def resolved_advertise(self) -> str:
+        return self.advertise_addr or self.addr

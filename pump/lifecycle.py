@@ -1,0 +1,167 @@
+"""A pump's node lifecycle in the registry (DESIGN §4).
+
+- Coming online (new, or resuming from paused) the pump notifies every online drainer before it
+  accepts writes; a drainer that is online but not alive makes it wait, and it says why.
+- Pausing: no new prewrites; commits and rollbacks continue until none is unresolved; then the
+  final served watermark is published as max_commit_ts and the state becomes paused. Closing is
+  the same and ends offline. Reads are served in every state.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from sluice.core import errors, grpcutil
+from sluice.core.registry import NodeKind, NodeState, NodeStatus
+from sluice.proto import sluice_pb2 as pb
+from sluice.proto import sluice_pb2_grpc as pbg
+
+if TYPE_CHECKING:
+    from .server import PumpServer
+
+log = logging.getLogger(__name__)
+
+STATUS_POLL_S = 0.5
+PUBLISH_EVERY_S = 2.0
+NOTIFY_TIMEOUT_S = 5.0
+
+
+class Lifecycle:
+    def __init__(self, server: "PumpServer") -> None:
+        self.server = server
+        self.registry = server.registry
+        self.node_id = server.node_id
+        self.heartbeat = None
+
+    async def start(self) -> None:
+        s = self.server
+        info = await asyncio.to_thread(self.registry.get, NodeKind.PUMP, self.node_id)
+        if info is not None and info.status.state == NodeState.OFFLINE.value:
+            raise errors.ConfigError(
+                f"pump {self.node_id} is offline in the registry: an offline pump never comes "
+                "back; start it with a new node-id (or a new data-dir)")
+        status = NodeStatus(node_id=self.node_id, kind=NodeKind.PUMP, addr=s.addr,
+                            state=NodeState.ONLINE,
+                            max_commit_ts=s.storage.served_watermark, score=s.config.score,
+                            update_ts=int(time.time()))
+        if info is None:
+            await asyncio.to_thread(self.registry.register, status)
+        elif info.status.state in (NodeState.PAUSING, NodeState.CLOSING):
+            # Restarted while draining: keep draining (commits and rollbacks only), never online.
+            self.heartbeat = self.registry.heartbeat(NodeKind.PUMP, self.node_id, s.config.alive_ttl)
+            await asyncio.to_thread(self.heartbeat.start)
+            s.state = info.status.state.value
+            log.info("pump %s restarted while %s: resolving what is left", self.node_id, s.state)
+            return
+        else:
+            def to_online(old: NodeStatus) -> NodeStatus:
+                return _replace(old, addr=s.addr, state=NodeState.ONLINE,
+                                score=s.config.score, update_ts=int(time.time()))
+            await asyncio.to_thread(self.registry.update, NodeKind.PUMP, self.node_id, to_online)
+        self.heartbeat = self.registry.heartbeat(NodeKind.PUMP, self.node_id, s.config.alive_ttl)
+        await asyncio.to_thread(self.heartbeat.start)
+        await self.notify_drainers()
+        s.state = NodeState.ONLINE.value
+        log.info("pump %s online: accepting writes", self.node_id)
+
+    async def notify_drainers(self) -> None:
+        """Notify every online drainer; wait (saying why) for any that is online but not alive."""
+        notified: set[str] = set()
+        last_warn = 0.0
+        while True:
+            drainers, _ = await asyncio.to_thread(self.registry.list, NodeKind.DRAINER)
+            waiting = []
+            for d in drainers:
+                st = d.status
+                if st.state != NodeState.ONLINE.value or st.node_id in notified:
+                    continue
+                if not d.alive:
+                    waiting.append(f"{st.node_id} ({st.addr}) is online but not alive")
+                    continue
+                try:
+                    await self._notify(st.addr)
+                    notified.add(st.node_id)
+                    log.info("notified drainer %s at %s", st.node_id, st.addr)
+                except errors.SluiceError as e:
+                    waiting.append(f"{st.node_id} ({st.addr}) did not answer Notify: {e}")
+            if not waiting:
+                return
+            if time.monotonic() - last_warn > 5:
+                last_warn = time.monotonic()
+                log.warning("pump %s waits before accepting writes: %s — start that drainer, or "
+                            "mark it offline with `sluice ctl update-drainer --state offline`",
+                            self.node_id, "; ".join(waiting))
+            await asyncio.sleep(0.5)
+
+    async def _notify(self, addr: str) -> None:
+        channel = grpcutil.aio_channel(addr, self.server.config.security)
+        try:
+            stub = pbg.CisternStub(channel)
+            await stub.Notify(pb.NotifyReq(cluster_id=self.server.config.cluster_id,
+                                           pump_id=self.node_id, pump_addr=self.server.addr),
+                              timeout=NOTIFY_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - grpc errors become SluiceErrors
+            import grpc
+            if isinstance(e, grpc.RpcError):
+                raise grpcutil.to_sluice_error(e) from None
+            raise
+        finally:
+            await channel.close()
+
+    async def watch(self) -> None:
+        """Follow our own status key: act on pausing/closing/online set by `sluice ctl`."""
+        s = self.server
+        last_publish = 0.0
+        while True:
+            await asyncio.sleep(STATUS_POLL_S)
+            try:
+                info = await asyncio.to_thread(self.registry.get, NodeKind.PUMP, self.node_id)
+            except errors.EtcdUnavailable as e:
+                log.warning("registry unavailable: %s", e)
+                continue
+            if info is None:
+                continue
+            want = info.status.state
+            if want in (NodeState.PAUSING.value, NodeState.CLOSING.value):
+                s.state = want
+                if not s.storage.unresolved():
+                    final = s.storage.served_watermark
+                    done = (NodeState.PAUSED if want == NodeState.PAUSING.value
+                            else NodeState.OFFLINE)
+
+                    def finish(old: NodeStatus, final: int = final, done: NodeState = done) -> NodeStatus:
+                        return _replace(old, state=done, max_commit_ts=final,
+                                        update_ts=int(time.time()))
+                    await asyncio.to_thread(self.registry.update, NodeKind.PUMP, self.node_id, finish)
+                    s.state = done.value
+                    log.info("pump %s %s; final ts %d", self.node_id, done, final)
+            elif want == NodeState.ONLINE.value and s.state in (NodeState.PAUSED.value,
+                                                               NodeState.PAUSING.value):
+                await self.notify_drainers()
+                s.state = NodeState.ONLINE.value
+                log.info("pump %s resumed: accepting writes", self.node_id)
+            elif want in (NodeState.PAUSED.value, NodeState.OFFLINE.value):
+                s.state = want
+            if s.state == NodeState.ONLINE.value and time.monotonic() - last_publish > PUBLISH_EVERY_S:
+                last_publish = time.monotonic()
+                wm = s.storage.served_watermark
+
+                def publish(old: NodeStatus, wm: int = wm) -> NodeStatus:
+                    if old.state != NodeState.ONLINE.value:
+                        return old
+                    return _replace(old, max_commit_ts=wm, update_ts=int(time.time()))
+                try:
+                    await asyncio.to_thread(self.registry.update, NodeKind.PUMP, self.node_id, publish)
+                except errors.SluiceError as e:
+                    log.warning("cannot publish status: %s", e)
+
+    async def stop(self) -> None:
+        if self.heartbeat is not None:
+            await asyncio.to_thread(self.heartbeat.stop)
+
+
+def _replace(status: NodeStatus, **changes: object) -> NodeStatus:
+    import dataclasses
+    return dataclasses.replace(status, **changes)  # type: ignore[arg-type]

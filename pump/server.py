@@ -1,0 +1,182 @@
+"""`sluice pump`: a pump process — storage, gRPC service, registry lifecycle, background loops.
+
+Start-up order (DESIGN §4): open storage (recovery) → serve reads → register status online and
+the alive heartbeat → notify every online drainer (waiting, with a reason in the log, for one that
+is online but not alive) → accept writes. A pump leaves drainers' merges only by state, so a
+crash or SIGTERM leaves the state online: the merge waits for us and nothing is lost.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from sluice.core import config as cfg
+from sluice.core import errors, grpcutil
+from sluice.core import log as logsetup
+from sluice.core.etcd import Etcd
+from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
+from sluice.core.tso_client import TSOClient
+from sluice.proto import sluice_pb2 as pb
+from sluice.proto import sluice_pb2_grpc as pbg
+from sluice.pump.storage.storage import Storage, StorageOptions
+
+from .config import PumpConfig
+from .lifecycle import Lifecycle
+from .loops import fake_binlog_loop, gc_loop, resolve_loop
+from .metrics import PumpMetrics
+from .service import PumpService
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sluice.ctl.main import add_process_arguments
+    add_process_arguments(p)
+    p.add_argument("--addr", help="listen address host:port (overrides addr)")
+    p.add_argument("--data-dir", help="data directory (overrides data-dir)")
+    p.add_argument("--node-id", help="node id (overrides node-id)")
+    p.add_argument("--etcd", help="etcd endpoints (overrides etcd)")
+
+
+def load_config(args: argparse.Namespace) -> PumpConfig:
+    overrides = list(args.overrides)
+    for flag, key in (("addr", "addr"), ("data_dir", "data-dir"), ("node_id", "node-id"),
+                      ("etcd", "etcd")):
+        value = getattr(args, flag, None)
+        if value:
+            overrides.append(f'{key}="{value}"')
+    return cfg.load(PumpConfig, args.config, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    logsetup.setup(args.log_level, args.log_file)
+    check_prerequisites(config)
+    asyncio.run(PumpServer(config).run_forever())
+    return 0
+
+
+def check_prerequisites(config: PumpConfig) -> None:
+    data = Path(config.data_dir)
+    try:
+        data.mkdir(parents=True, exist_ok=True)
+        probe = data / ".write-probe"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise errors.ConfigError(f"data-dir {data}: not writable ({e.strerror}); "
+                                 "fix its permissions or choose another data-dir") from None
+    etcd = Etcd(config.etcd, config.security, timeout=3)
+    try:
+        etcd.revision()
+    except errors.EtcdUnavailable as e:
+        raise errors.ConfigError(f"etcd {config.etcd}: unreachable ({e}); start etcd or fix "
+                                 "the `etcd` key") from None
+    finally:
+        etcd.close()
+
+
+class PumpServer:
+    def __init__(self, config: PumpConfig) -> None:
+        self.config = config
+        self.node_id = config.resolved_node_id()
+        self.addr = config.resolved_advertise()
+        s = config.storage
+        self.storage = Storage.open(config.data_dir, StorageOptions(
+            segment_size=s.segment_size, max_binlog_size=s.max_binlog_size,
+            max_inflight_bytes=s.max_inflight_bytes,
+            stop_write_at_available_space=s.stop_write_at_available_space, sync=s.sync))
+        self.etcd = Etcd(config.etcd, config.security)
+        self.registry = Registry(self.etcd, config.cluster_id)
+        self.tso = TSOClient(config.tso or None, config.cluster_id, etcd=self.etcd,
+                             security=config.security)
+        self.metrics = PumpMetrics(self)
+        self.lifecycle = Lifecycle(self)
+        self.state = "starting"
+        self._subscribers: set[asyncio.Event] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.pullers = 0
+        self._stop = asyncio.Event()
+
+    # -- write admission -------------------------------------------------------------------
+    def check_writable(self, payloads: list[bytes]) -> None:
+        state = self.state
+        if state == NodeState.ONLINE.value:
+            return
+        if state == "starting":
+            raise errors.Unavailable(f"pump {self.node_id} is starting: it takes writes once every "
+                                     "online drainer has been notified")
+        if state in (NodeState.PAUSED.value, NodeState.OFFLINE.value):
+            raise errors.Unavailable(f"pump {self.node_id} is {state}: it takes no writes")
+        # pausing / closing: commits and rollbacks still resolve what was prewritten here.
+        for raw in payloads:
+            b = pb.Binlog.FromString(raw) if raw else pb.Binlog()
+            if b.tp == pb.PREWRITE:
+                raise errors.Unavailable(f"pump {self.node_id} is {state}: it takes no new "
+                                         "prewrites; send them to another pump")
+
+    # -- live-follow wakeups ---------------------------------------------------------------
+    def subscribe(self, event: asyncio.Event) -> Callable[[], None]:
+        self._subscribers.add(event)
+        return lambda: self._subscribers.discard(event)
+
+    def _on_group(self, *_: object) -> None:
+        # Called from the storage committer thread after every durable group.
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        for ev in list(self._subscribers):
+            ev.set()
+
+    def pullers_changed(self, delta: int) -> None:
+        self.pullers += delta
+        self.metrics.pullers.set(self.pullers)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def run_forever(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.storage.add_listener(self._on_group)
+        server = grpcutil.aio_server(self.config.security)
+        pbg.add_PumpServicer_to_server(PumpService(self), server)
+        grpcutil.add_port(server, self.config.addr, self.config.security)
+        await server.start()
+        self.metrics.serve(self.config.metrics_addr)
+        log.info("pump %s listening on %s (data %s, served watermark %d)", self.node_id,
+                 self.config.addr, self.config.data_dir, self.storage.served_watermark)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        tasks = []
+        try:
+            await self.lifecycle.start()
+            tasks = [asyncio.create_task(c, name=n) for n, c in (
+                ("fake-binlogs", fake_binlog_loop(self)),
+                ("resolver", resolve_loop(self)),
+                ("gc", gc_loop(self)),
+                ("lifecycle", self.lifecycle.watch()),
+                ("metrics", self.metrics.loop()),
+            )]
+            stopper = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stopper and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            log.info("pump %s stopping", self.node_id)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await server.stop(grace=1.0)
+            await self.lifecycle.stop()
+            await self.tso.close()
+            await asyncio.to_thread(self.storage.close)
+            self.etcd.close()

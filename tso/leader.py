@@ -1,0 +1,302 @@
+"""TSO leadership through an etcd lease, fenced by a persisted window (DESIGN §2.1).
+
+A leader serves only while its lease is certainly alive on a monotonic clock: alive_until =
+monotonic send time of the last acknowledged keepalive (or of the grant) + granted TTL - margin,
+checked right before each reply, never a cached flag. A new leader starts strictly above the
+stored window and persists its own window in the same transaction that creates its leader key,
+so the window is on disk before anything is served under it. Extending the window is a
+transaction conditioned on the leader key's mod_revision and value: when it fails, the leader has
+lost leadership and stops at once.
+
+Why this is enough even for a stalled old leader: the leader key is bound to the lease, so a new
+leader can only be elected after the old lease expired in etcd, and etcd expires it no earlier
+than (send time of the last acknowledged keepalive + TTL) — later than the old leader's own
+alive_until by the margin. Every timestamp the old leader handed out is <= the window it
+persisted, and the new leader starts above that window.
+
+One dedicated thread owns all etcd traffic of the election (grant, campaign, keepalive every
+TTL/3, window extension); the event loop only reads the current term.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from sluice.core import failpoint
+from sluice.core.errors import EtcdUnavailable, NotLeader, SluiceError, Unavailable
+from sluice.core.etcd import Etcd
+from sluice.core.log import kv
+from sluice.core.tso_client import LeaderInfo, leader_key, window_key
+
+from .allocator import Allocator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Term:
+    """One tenure as leader. Only `alive_until` changes (keepalive acks push it forward)."""
+
+    id: int
+    lease: int
+    epoch: int
+    ttl: int                 # granted TTL in seconds (etcd may raise the requested one)
+    leader_value: bytes      # our leader key's value, compared on every window extension
+    leader_rev: int          # our leader key's mod_revision
+    alive_until: float       # monotonic seconds
+
+
+def window_value(physical_ms: int, epoch: int, name: str) -> str:
+    return json.dumps({"physical_ms": physical_ms, "epoch": epoch, "leader": name},
+                      separators=(",", ":"))
+
+
+def parse_window(raw: bytes | None) -> tuple[int, int]:
+    """(physical_ms, epoch) of a stored window; (0, 0) when absent."""
+    if not raw:
+        return 0, 0
+    d = json.loads(raw)
+    return int(d["physical_ms"]), int(d.get("epoch", 0))
+
+
+class Leadership:
+    """Campaigns for, holds and gives up the TSO leadership of one cluster."""
+
+    def __init__(self, etcd: Etcd, cluster_id: int, name: str, advertise_addr: str,
+                 allocator: Allocator, *, lease_ttl: int = 3, window_ms: int = 3000,
+                 margin_ms: int = 500, on_change: Callable[[bool], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.etcd = etcd
+        self.cluster_id = cluster_id
+        self.name = name
+        self.addr = advertise_addr
+        self.allocator = allocator
+        self.lease_ttl = lease_ttl
+        self.window_ms = window_ms
+        self.margin_s = margin_ms / 1000.0
+        self.on_change = on_change
+        self.clock = clock
+        self.leader_key = leader_key(cluster_id)
+        self.window_key = window_key(cluster_id)
+        self.term: Term | None = None
+        self.known_leader: LeaderInfo | None = None
+        self.etcd_error: str | None = None     # last etcd failure, cleared by any success
+        self._term_seq = 0
+        self._stale_leases: list[int] = []     # leases of resigned terms, revoked when possible
+        self._etcd_lock = threading.Lock()     # one window transaction at a time
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tso-leadership", daemon=True)
+
+    # -- called from the event loop ----------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def serving_deadline(self, term_id: int) -> float:
+        """Until when (monotonic) the lease that covers an allocation made now is certainly alive."""
+        term = self.term
+        return term.alive_until if term is not None and term.id == term_id else 0.0
+
+    def check_serving(self, term_id: int, deadline: float) -> None:
+        """Raise unless `term_id` is still the current term and its lease is certainly alive now.
+
+        `deadline` is `serving_deadline` taken at allocation: a reply held up past the lease
+        that covered its allocation (a stall, a GC pause) is refused rather than sent late.
+        """
+        term = self.term
+        now = self.clock()
+        if term is None or term.id != term_id:
+            raise self.not_serving_error()
+        if now >= term.alive_until:
+            raise self.not_serving_error(term)
+        if now >= deadline:
+            raise Unavailable(f"lease not certainly alive at reply time: reply held "
+                              f"{now - deadline:.1f}s past the lease that covered its "
+                              "allocation; retry")
+
+    def not_serving_error(self, term: Term | None = None) -> SluiceError:
+        if self.etcd_error is not None:
+            return EtcdUnavailable(f"not leader: etcd at {self.etcd.endpoints_text} unavailable, "
+                                   f"cannot confirm TSO leadership ({self.etcd_error})")
+        if term is not None:
+            return NotLeader(f"lease of {self.name} not certainly alive "
+                             f"({self.clock() - (term.alive_until - term.ttl + self.margin_s):.1f}s "
+                             "since the last acknowledged keepalive)")
+        leader = self.known_leader
+        if leader is not None and leader.name != self.name:
+            return NotLeader(f"leader is {leader.addr} ({leader.name})")
+        return NotLeader("no TSO leader elected yet")
+
+    def ensure_window(self, term_id: int, needed_physical: int) -> None:
+        """Blocking: persist a window reaching `needed_physical` (run via asyncio.to_thread)."""
+        term = self.term
+        if term is None or term.id != term_id:
+            raise self.not_serving_error()
+        self._extend(term, needed_physical)
+
+    def stop(self) -> None:
+        """Stop campaigning and give up leadership (revoke the lease: a standby takes over now)."""
+        self._stop.set()
+        self._thread.join(timeout=self.etcd.timeout + 2)
+        term = self.term
+        if term is not None:
+            self._resign("shutting down")
+        self._revoke_stale()
+
+    # -- the election thread --------------------------------------------------------------
+    def _loop(self) -> None:
+        poll = min(0.25, self.lease_ttl / 4)
+        keepalive_every = self.lease_ttl / 3
+        last_keepalive = 0.0
+        while not self._stop.is_set():
+            try:
+                term = self.term
+                if term is None:
+                    self._revoke_stale()
+                    self._campaign()
+                    last_keepalive = self.clock()
+                    if self.term is None:
+                        self._stop.wait(poll)
+                    continue
+                if self.clock() >= term.alive_until:
+                    self._resign("lease not certainly alive")
+                    continue
+                if self.clock() - last_keepalive >= keepalive_every:
+                    last_keepalive = self.clock()
+                    self._keepalive(term)
+                    if self.term is not term:
+                        continue
+                self._maybe_extend(term)
+            except EtcdUnavailable as e:
+                self._etcd_failed(e)
+            except Exception:  # noqa: BLE001 - the election thread must survive anything
+                log.exception("TSO election loop failed; retrying")
+            self._stop.wait(min(poll, 0.1))
+
+    def _etcd_ok(self) -> None:
+        if self.etcd_error is not None:
+            log.info("etcd reachable again", extra=kv(endpoints=self.etcd.endpoints_text))
+        self.etcd_error = None
+
+    def _etcd_failed(self, e: Exception) -> None:
+        if self.etcd_error is None:
+            log.warning("etcd unavailable", extra=kv(error=str(e)))
+        self.etcd_error = str(e)
+
+    def _campaign(self) -> None:
+        raw, _ = self.etcd.get(self.leader_key)
+        self._etcd_ok()
+        if raw is not None:
+            info = LeaderInfo.from_json(raw)
+            if info != self.known_leader:
+                log.info("TSO leader observed", extra=kv(leader=info.name, addr=info.addr,
+                                                         epoch=info.epoch))
+            self.known_leader = info
+            return
+        wraw, wmeta = self.etcd.get(self.window_key)
+        old_window, old_epoch = parse_window(wraw)
+        sent = self.clock()
+        with self.etcd.errors(f"lease grant ttl={self.lease_ttl}"):
+            lease = self.etcd.client.lease(self.lease_ttl)
+        ttl = int(lease.ttl)
+        epoch = old_epoch + 1
+        start = max(int(time.time() * 1000), old_window + 1)
+        window = start + self.window_ms
+        info = LeaderInfo(name=self.name, addr=self.addr, lease=lease.id, epoch=epoch)
+        value = info.to_json()
+        tx = self.etcd.tx
+        window_unchanged = (tx.mod(self.window_key) == wmeta.mod_revision if wmeta is not None
+                            else tx.version(self.window_key) == 0)
+        try:
+            ok, resp = self.etcd.txn(
+                [tx.version(self.leader_key) == 0, window_unchanged],
+                [tx.put(self.leader_key, value, lease.id),
+                 tx.put(self.window_key, window_value(window, epoch, self.name)),
+                 tx.get(self.leader_key)])
+        except EtcdUnavailable:
+            # The outcome is unknown: revoking the lease removes our key if it was written.
+            self._stale_leases.append(lease.id)
+            raise
+        if not ok:
+            self._stale_leases.append(lease.id)
+            return
+        rev = resp[2][0][1].mod_revision
+        self._term_seq += 1
+        term = Term(id=self._term_seq, lease=lease.id, epoch=epoch, ttl=ttl,
+                    leader_value=value.encode(), leader_rev=rev,
+                    alive_until=sent + ttl - self.margin_s)
+        self.allocator.begin_term(term.id, start, window)
+        self.term = term
+        self.known_leader = info
+        log.info("became TSO leader", extra=kv(name=self.name, addr=self.addr, epoch=epoch,
+                                               lease=lease.id, ttl=ttl, start_physical=start,
+                                               previous_window=old_window, window=window))
+        if self.on_change:
+            self.on_change(True)
+
+    def _keepalive(self, term: Term) -> None:
+        failpoint.inject("tso-before-keepalive")
+        sent = self.clock()
+        remaining = self.etcd.keepalive(term.lease)
+        self._etcd_ok()
+        if remaining <= 0:
+            self._resign("lease expired in etcd")
+            return
+        # Only an acknowledged keepalive extends the lease, from the moment it was sent.
+        term.alive_until = max(term.alive_until, sent + remaining - self.margin_s)
+
+    def _maybe_extend(self, term: Term) -> None:
+        now_ms = int(time.time() * 1000)
+        high = self.allocator.high_physical(now_ms)
+        # Extend well before the window runs out, so allocation never waits for etcd.
+        self._extend(term, high + self.window_ms // 2)
+
+    def _extend(self, term: Term, needed: int) -> None:
+        """Persist a window >= needed (aiming window-ms past it), conditioned on our leader key."""
+        with self._etcd_lock:
+            if self.allocator.window >= needed or self.term is not term:
+                return
+            new_window = needed + self.window_ms // 2
+            tx = self.etcd.tx
+            ok, _ = self.etcd.txn(
+                [tx.mod(self.leader_key) == term.leader_rev,
+                 tx.value(self.leader_key) == term.leader_value],
+                [tx.put(self.window_key, window_value(new_window, term.epoch, self.name))])
+            self._etcd_ok()
+            if not ok:
+                self._resign("leader key changed: another TSO took over")
+                raise self.not_serving_error()
+            self.allocator.set_window(term.id, new_window)
+            log.debug("window extended", extra=kv(window=new_window, epoch=term.epoch))
+
+    def _resign(self, reason: str) -> None:
+        term = self.term
+        if term is None:
+            return
+        self.term = None
+        self.allocator.end_term()
+        self._stale_leases.append(term.lease)
+        log.warning("lost TSO leadership", extra=kv(name=self.name, epoch=term.epoch,
+                                                    reason=reason))
+        if self.on_change:
+            self.on_change(False)
+
+    def _revoke_stale(self) -> None:
+        """Revoke leases of resigned terms so their leader key goes away at once."""
+        while self._stale_leases:
+            lease = self._stale_leases[0]
+            try:
+                with self.etcd.errors("lease revoke"):
+                    try:
+                        self.etcd.client.revoke_lease(lease)
+                    except grpc.RpcError as e:
+                        if e.code() != grpc.StatusCode.NOT_FOUND:
+                            raise
+            except EtcdUnavailable:
+                return
+            self._stale_leases.pop(0)
