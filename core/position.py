@@ -93,13 +93,7 @@ def _cmp_gtids(a: pb.Position, b: pb.Position) -> int | None:
     da, db = _gtid_state(a), _gtid_state(b)
     a_le_b = all(d in db and db[d] >= s for d, s in da.items())
     b_le_a = all(d in da and da[d] >= s for d, s in db.items())
-    if a_le_b and b_le_a:
-        return _cmp(a.sub_seq, b.sub_seq)
-    if a_le_b:
-        return -1
-    if b_le_a:
-        return 1
-    return None
+    return _by_inclusion(a_le_b, b_le_a, a, b)
 
 
 def _parse_mysql_gtid_set(text: str) -> dict[str, _Intervals]:
@@ -143,13 +137,7 @@ def _gtid_set_subset(a: dict[str, _Intervals], b: dict[str, _Intervals]) -> bool
 def _cmp_mysql_sets(a: pb.Position, b: pb.Position) -> int | None:
     sa, sb = _parse_mysql_gtid_set(a.mysql_gtid_set), _parse_mysql_gtid_set(b.mysql_gtid_set)
     a_le_b, b_le_a = _gtid_set_subset(sa, sb), _gtid_set_subset(sb, sa)
-    if a_le_b and b_le_a:
-        return _cmp(a.sub_seq, b.sub_seq)
-    if a_le_b:
-        return -1
-    if b_le_a:
-        return 1
-    return None
+    return _by_inclusion(a_le_b, b_le_a, a, b)
 
 
 def compare(a: pb.Position | None, b: pb.Position | None) -> int:
@@ -336,3 +324,15 @@ def parse_position(text: str) -> pb.Position:
     if "file coordinates" in seen and not _has_file(pos):
         raise InvalidArgument(f"position {whole!r}: binlog file sequence and offset are both 0")
     return pos
+
+
+def _by_inclusion(a_le_b: bool, b_le_a: bool, a: pb.Position, b: pb.Position) -> int | None:
+    """Order two GTID-described positions from set inclusion both ways (None: incomparable);
+    equal GTIDs are ordered by sub_seq."""
+    if a_le_b and b_le_a:
+        return _cmp(a.sub_seq, b.sub_seq)
+    if a_le_b:
+        return -1
+    if b_le_a:
+        return 1
+    return None

@@ -118,18 +118,14 @@ class PumpService(pbg.PumpServicer):
     @handle_errors
     async def GetCommit(self, request: pb.GetCommitReq, context: grpc.aio.ServicerContext
                         ) -> pb.GetCommitResp:
-        check_cluster(request, self.cluster_id)
-        if request.start_ts <= 0:
-            raise errors.InvalidArgument(f"start_ts must be > 0, got {request.start_ts}")
+        _check_start_ts(request, self.cluster_id)
         state, commit_ts = await asyncio.to_thread(self.storage.get_commit, request.start_ts)
         return pb.GetCommitResp(state=state, commit_ts=commit_ts)
 
     @handle_errors
     async def ResolveTxn(self, request: pb.ResolveTxnReq, context: grpc.aio.ServicerContext
                          ) -> pb.ResolveTxnResp:
-        check_cluster(request, self.cluster_id)
-        if request.start_ts <= 0:
-            raise errors.InvalidArgument(f"start_ts must be > 0, got {request.start_ts}")
+        _check_start_ts(request, self.cluster_id)
         which = request.WhichOneof("decision")
         if which is None:
             raise errors.InvalidArgument("ResolveTxn needs commit_ts or rollback")
@@ -153,6 +149,12 @@ class PumpService(pbg.PumpServicer):
             max_commit_ts=self.storage.max_commit_ts,
             unresolved=int(st.get("unresolved", 0)), storage_bytes=int(st.get("storage_bytes", 0)),
             gc_ts=int(st.get("gc_ts", 0)))
+
+
+def _check_start_ts(request: pb.GetCommitReq | pb.ResolveTxnReq, cluster_id: int) -> None:
+    check_cluster(request, cluster_id)
+    if request.start_ts <= 0:
+        raise errors.InvalidArgument(f"start_ts must be > 0, got {request.start_ts}")
 
 
 class _ChunkReader:
