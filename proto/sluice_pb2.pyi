@@ -376,22 +376,26 @@ class WriteBinlogsResp(_message.Message):
     def __init__(self, served_watermark: _Optional[int] = ...) -> None: ...
 
 class PullBinlogsReq(_message.Message):
-    __slots__ = ("cluster_id", "after_commit_ts", "consumer_id")
+    __slots__ = ("cluster_id", "after_commit_ts", "consumer_id", "with_schema")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_COMMIT_TS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     after_commit_ts: int
     consumer_id: str
-    def __init__(self, cluster_id: _Optional[int] = ..., after_commit_ts: _Optional[int] = ..., consumer_id: _Optional[str] = ...) -> None: ...
+    with_schema: bool
+    def __init__(self, cluster_id: _Optional[int] = ..., after_commit_ts: _Optional[int] = ..., consumer_id: _Optional[str] = ..., with_schema: _Optional[bool] = ...) -> None: ...
 
 class PullBinlogsResp(_message.Message):
-    __slots__ = ("binlogs", "watermark")
+    __slots__ = ("binlogs", "watermark", "schema_only")
     BINLOGS_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_ONLY_FIELD_NUMBER: _ClassVar[int]
     binlogs: _containers.RepeatedScalarFieldContainer[bytes]
     watermark: int
-    def __init__(self, binlogs: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ...) -> None: ...
+    schema_only: bool
+    def __init__(self, binlogs: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ..., schema_only: _Optional[bool] = ...) -> None: ...
 
 class GetProducerPositionReq(_message.Message):
     __slots__ = ("cluster_id", "producer_id", "epoch")

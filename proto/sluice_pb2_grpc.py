@@ -513,6 +513,11 @@ class TSOStub:
                 request_serializer=sluice__pb2.GetTSReq.SerializeToString,
                 response_deserializer=sluice__pb2.GetTSResp.FromString,
                 _registered_method=True)
+        self.GetTSStream = channel.stream_stream(
+                '/sluice.v1.TSO/GetTSStream',
+                request_serializer=sluice__pb2.GetTSReq.SerializeToString,
+                response_deserializer=sluice__pb2.GetTSResp.FromString,
+                _registered_method=True)
 
 
 class TSOServicer:
@@ -524,11 +529,24 @@ class TSOServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTSStream(self, request_iterator, context):
+        """One long-lived stream per client: each request is answered by one response, in order, with
+        timestamps allocated after the request arrived (no prefetching).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TSOServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetTS': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTS,
+                    request_deserializer=sluice__pb2.GetTSReq.FromString,
+                    response_serializer=sluice__pb2.GetTSResp.SerializeToString,
+            ),
+            'GetTSStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.GetTSStream,
                     request_deserializer=sluice__pb2.GetTSReq.FromString,
                     response_serializer=sluice__pb2.GetTSResp.SerializeToString,
             ),
@@ -558,6 +576,33 @@ class TSO:
             request,
             target,
             '/sluice.v1.TSO/GetTS',
+            sluice__pb2.GetTSReq.SerializeToString,
+            sluice__pb2.GetTSResp.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTSStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.v1.TSO/GetTSStream',
             sluice__pb2.GetTSReq.SerializeToString,
             sluice__pb2.GetTSResp.FromString,
             options,

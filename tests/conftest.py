@@ -11,6 +11,7 @@ os.environ.setdefault("TZ", "UTC")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from tests.support.procs import EtcdServer  # noqa: E402
+from tests.support.mariadb import MariaDBServer  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,17 @@ def etcd_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer
 def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     """A fresh etcd for one test (for tests that stop or restart it)."""
     server = EtcdServer(tmp_path / "etcd").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def mariadb_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator["MariaDBServer"]:
+    """One MariaDB (row binlog, FULL metadata) per test module; tests use their own databases."""
+    from tests.support.mariadb import MariaDBServer
+    server = MariaDBServer(tmp_path_factory.mktemp("mariadb")).start()
     try:
         yield server
     finally:
