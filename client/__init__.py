@@ -1,0 +1,34 @@
+"""Sluice client library: write transactions to the pumps (DESIGN §5).
+
+- `PumpsClient` — routes Prewrite/Commit/Rollback binlogs to the pumps (producers, capture).
+- `AppProducer` / `Transaction` — application transactions on MariaDB/MySQL with an outbox.
+- `ProducerServer` — registry presence and the TxnStatus endpoint of any producer.
+- `decide_by_writing` — the outbox decision a pump uses when the application is down.
+
+Names are resolved lazily, so `import sluice.client.batcher` (or `.outbox` from a pump) does not
+pull in the rest of the client.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PumpsClient": "pumps", "PrewriteAck": "pumps", "NoPumpAvailable": "pumps",
+    "AppProducer": "transaction", "Transaction": "transaction", "TxnAborted": "transaction",
+    "TxnUnknown": "transaction", "TableShape": "transaction",
+    "ProducerServer": "producer", "OUTBOX_LABEL": "producer",
+    "OutboxDSN": "outbox", "decide_by_writing": "outbox", "AlreadyDecided": "outbox",
+    "read_table_info": "ddl", "stable_table_id": "ddl",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sluice.client' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -4,11 +4,14 @@ One binlog per unary RPC caps near 3k/s in Python; many binlogs per message is t
 caller awaits its own acknowledgement. A coalesced batch is applied atomically by the pump, so
 when it fails its members are retried one by one: one bad binlog fails only its own caller.
 A caller's request (`write_many`) is never split: what it asks to be atomic stays atomic.
+A timeout is not split and retried member by member (each would wait out the same deadline
+again): every member gets the DeadlineExceeded and its owner decides (retry or failover).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
@@ -42,10 +45,12 @@ class WriteBatcher:
         self.cluster_id = cluster_id
         self.max_batch, self.max_bytes = max_batch, max_bytes
         self.linger_s, self.timeout_s = linger_s, timeout_s
-        self._queue: list[_Request] = []
+        self._queue: deque[_Request] = deque()
         self._wakeup = asyncio.Event()
         self._slots = asyncio.Semaphore(max_inflight)
         self._task: asyncio.Task | None = None
+        self._sends: set[asyncio.Task] = set()
+        self._closed = False
         self.rpcs = 0
         self.binlogs = 0
 
@@ -55,6 +60,8 @@ class WriteBatcher:
 
     async def write_many(self, payloads: list[bytes]) -> int:
         """Durably write these binlogs atomically (all or none); returns the served watermark."""
+        if self._closed:
+            raise errors.Unavailable("write batcher closed")
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="write-batcher")
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -73,7 +80,9 @@ class WriteBatcher:
                 if not batch:
                     self._slots.release()
                     break
-                asyncio.create_task(self._send(batch))
+                task = asyncio.create_task(self._send(batch), name="write-batch")
+                self._sends.add(task)
+                task.add_done_callback(self._sends.discard)
             self._wakeup.clear()
             if self._queue:
                 self._wakeup.set()
@@ -85,7 +94,7 @@ class WriteBatcher:
             req = self._queue[0]
             if batch and (n + len(req.payloads) > self.max_batch or size + req.size > self.max_bytes):
                 break
-            batch.append(self._queue.pop(0))
+            batch.append(self._queue.popleft())
             n += len(req.payloads)
             size += req.size
         return batch
@@ -99,12 +108,11 @@ class WriteBatcher:
                         r.future.set_result(wm)
                 return
             except errors.SluiceError as e:
-                if len(batch) == 1:
-                    if not batch[0].future.done():
-                        batch[0].future.set_exception(e)
+                if len(batch) == 1 or isinstance(e, errors.DeadlineExceeded):
+                    _fail(batch, e)
                     return
             # The pump applied none of the coalesced batch: retry each caller's request alone.
-            for r in batch:
+            for i, r in enumerate(batch):
                 try:
                     wm = await self._rpc(r.payloads)
                     if not r.future.done():
@@ -112,6 +120,12 @@ class WriteBatcher:
                 except errors.SluiceError as e:
                     if not r.future.done():
                         r.future.set_exception(e)
+                    if isinstance(e, errors.DeadlineExceeded):
+                        _fail(batch[i + 1:], e)
+                        return
+        except asyncio.CancelledError:
+            _fail(batch, errors.Unavailable("write batcher closed"))
+            raise
         finally:
             self._slots.release()
 
@@ -126,11 +140,28 @@ class WriteBatcher:
         self.binlogs += len(payloads)
         return resp.served_watermark
 
+    async def probe(self, timeout_s: float) -> int:
+        """An empty WriteBinlogs, sent alone: the pump answers whether it takes writes now."""
+        try:
+            resp = await self.stub.WriteBinlogs(pb.WriteBinlogsReq(cluster_id=self.cluster_id),
+                                                timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise to_sluice_error(e) from None
+        return resp.served_watermark
+
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        self._closed = True
+        tasks = [t for t in (self._task, *self._sends) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for r in self._queue:
             if not r.future.done():
                 r.future.set_exception(errors.Unavailable("write batcher closed"))
         self._queue.clear()
+
+
+def _fail(requests: list[_Request], error: errors.SluiceError) -> None:
+    for r in requests:
+        if not r.future.done():
+            r.future.set_exception(error)

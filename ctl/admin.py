@@ -1,0 +1,102 @@
+"""`sluice ctl`: administer a Sluice cluster (TiDB-Binlog's binlogctl, for Sluice).
+
+    sluice ctl [--etcd HOST:PORT,...] [--cluster-id N] [--json] COMMAND ...
+
+    pumps | drainers | producers            list nodes (state, alive, ts, score, epoch, updated)
+    pause-pump | offline-pump ID [--wait]   ask a pump to become paused / offline
+    update-pump ID --state S [--force]      set any legal state (--force: any state)
+    mark-lost ID [--force]                  take a dead pump out of the merge (data loss at replicas=1)
+    pause-drainer | offline-drainer | update-drainer ID ...
+    update-producer ID --state S [--force]
+    checkpoint show NAME | set NAME --commit-ts TS [--position PRODUCER=POS ...]
+    tso                                     a fresh ts from the TSO leader
+    txn-status START_TS [--producer ID]     what each pump and the producer know of a transaction
+    resolve-txn START_TS [--commit-ts TS | --rollback] [--producer ID]
+    generate-meta [--data-dir DIR]          initial commit ts for a drainer after a full dump
+
+Invariant: every expected failure ends in one line on stderr and exit code 1 (runtime: etcd, a
+pump, the TSO or a producer unreachable) or 2 (bad usage or input, or a refusal the command can
+fix) — never a traceback (see ctl/context.py for which is which).
+
+Common options are accepted before or after the command (`sluice ctl pumps --json`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from sluice.core import errors
+from sluice.core import log as logsetup
+
+from . import checkpoints, meta, nodes, txns
+from .context import ENV_CLUSTER_ID, ENV_ETCD, Ctx, exit_code, load_config
+
+Handler = Callable[[Ctx, argparse.Namespace], int]
+
+
+def _add_common(p: argparse.ArgumentParser, suppress: bool) -> None:
+    """The options every command takes; in sub-parsers they default to SUPPRESS so a value given
+    before the command is not reset by the command's parser."""
+    def d(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+    g = p.add_argument_group("cluster")
+    g.add_argument("--etcd", default=d(None), metavar="HOST:PORT[,...]",
+                   help=f"etcd endpoints (env {ENV_ETCD}; default 127.0.0.1:2379)")
+    g.add_argument("--cluster-id", type=int, default=d(None), metavar="N",
+                   help=f"cluster id (env {ENV_CLUSTER_ID}; default 1)")
+    g.add_argument("--config", "-c", default=d(None), metavar="TOML",
+                   help="read etcd, cluster-id, timeout and [security] from this TOML (ctl's "
+                        "own or any process's config file)")
+    g.add_argument("--timeout", type=float, default=d(None), metavar="SECONDS",
+                   help="per call to etcd, a pump, the TSO or a producer (default 5)")
+    g.add_argument("--ssl-ca", default=d(None), help="CA for mutual TLS (etcd and gRPC)")
+    g.add_argument("--ssl-cert", default=d(None), help="client certificate for mutual TLS")
+    g.add_argument("--ssl-key", default=d(None), help="client key for mutual TLS")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", default=d(False),
+                   help="machine-readable JSON on stdout")
+    o.add_argument("--log-level", default=d("error"),
+                   choices=["debug", "info", "warning", "error"],
+                   help="library log level on stderr (default error)")
+    o.add_argument("--log-file", default=d(None), help="log to this file instead of stderr")
+    return p
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_common(parser, suppress=False)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "\n\n".join(__doc__.split("\n\n")[1:3])
+    common = argparse.ArgumentParser(add_help=False)
+    _add_common(common, suppress=True)
+    sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
+    nodes.add_commands(sub, common)
+    checkpoints.add_commands(sub, common)
+    meta.add_commands(sub, common)
+    txns.add_commands(sub, common)
+
+
+def execute(args: argparse.Namespace, out=None, err=None) -> int:  # type: ignore[no-untyped-def]
+    """Run the parsed command; map expected failures to one stderr line and an exit code."""
+    stderr = err or sys.stderr
+    ctx: Ctx | None = None
+    try:
+        ctx = Ctx(load_config(args), json_out=bool(getattr(args, "json", False)), out=out,
+                  err=stderr)
+        handler: Handler = args.func
+        return int(handler(ctx, args) or 0)
+    except errors.SluiceError as e:
+        stderr.write(f"sluice ctl: {_one_line(str(e))}\n")
+        return exit_code(e)
+    finally:
+        if ctx is not None:
+            ctx.close()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def run(args: argparse.Namespace) -> int:
+    logsetup.setup(getattr(args, "log_level", "error"), getattr(args, "log_file", None))
+    return execute(args)
