@@ -1,14 +1,21 @@
-"""TSO client: batched timestamps from whichever TSO server leads right now.
+"""TSO client: batched, pipelined timestamps from whichever TSO server leads right now.
 
-Concurrent callers are coalesced: while one GetTS(count) RPC is in flight, new requests queue,
-and the next RPC asks for all of them at once (PD's batching). With one RPC in flight at a time
-and a TSO that is monotonic across leaders, every timestamp this client returns is greater than
-every timestamp it returned before; the client checks that and refuses a range that goes
-backwards rather than hand it out.
+Linearizable: a timestamp handed to a caller was allocated after that caller asked. Callers join
+the open batch; a batch is sent as one GetTSStream request only after every caller in it joined,
+and the server allocates after the request arrived, so no caller ever receives a timestamp
+allocated before its call. Up to `max_inflight` requests are pipelined on one long-lived stream
+to the leader: while request k is in flight, new callers go into request k+1. Responses on a
+stream come in request order with increasing timestamps and a TSO is monotonic across leaders,
+so every timestamp this client returns is greater than every one it returned before; the client
+checks that and refuses a range that goes backwards rather than hand it out.
 
 The leader is found through the etcd leader key when an `Etcd` is given, otherwise by trying the
-listed addresses (following the "leader is ADDR" hint a standby gives). UNAVAILABLE and timeouts
-are retried with backoff up to `deadline_s`, then Unavailable is raised naming what was tried.
+listed addresses (following the "leader is ADDR" hint a standby gives). A broken stream, a
+non-leader answer or a request unanswered for `rpc_timeout_s` fails the stream over: the
+unanswered requests are sent again to the next leader (whatever the old leader allocated for
+them and never delivered is simply lost). UNAVAILABLE and timeouts are retried with backoff up to
+`deadline_s` per request, then Unavailable is raised naming what was tried. A server without
+GetTSStream (UNIMPLEMENTED) is used through unary GetTS, one RPC in flight.
 
 The etcd keys and the leader record live here because they are the contract between TSO servers
 (`sluice.tso`) and every client; `core` must not import `tso`.
@@ -16,11 +23,11 @@ The etcd keys and the leader record live here because they are the contract betw
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import re
 import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -36,8 +43,11 @@ from .tls import SecurityConfig
 log = logging.getLogger(__name__)
 
 MAX_TS_BATCH = 100_000          # largest `count` one GetTS may ask for
+_CORE_ERROR = "Internal error from Core"
 _LEADER_HINT = re.compile(r"leader is (\S+)")
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# CANCELLED: a server that shuts down cancels its open streams; the next leader answers.
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+              grpc.StatusCode.CANCELLED}
 
 T = TypeVar("T")
 
@@ -75,42 +85,94 @@ def read_leader(etcd: Etcd, cluster_id: int) -> LeaderInfo | None:
     return LeaderInfo.from_json(raw) if raw else None
 
 
+class _Batch:
+    """Callers that share one GetTS request: waiter i gets first + the counts before it."""
+
+    __slots__ = ("total", "waiters", "born", "sent")
+
+    def __init__(self, born: float) -> None:
+        self.total = 0
+        self.waiters: list[tuple[int, asyncio.Future[int]]] = []
+        self.born = born            # loop time the first caller joined (for deadline_s)
+        self.sent = 0.0             # loop time the request was last written
+
+
+class _StreamTimeout(Exception):
+    """The oldest request on the stream stayed unanswered for rpc_timeout_s."""
+
+
+class _StreamEnded(Exception):
+    """The server closed the stream without a status error."""
+
+
 class TSOClient:
     """asyncio TSO client. Create and use it inside one event loop; `await close()` at the end."""
 
     def __init__(self, addrs: list[str] | None, cluster_id: int, *, etcd: Etcd | None = None,
                  security: SecurityConfig | None = None, deadline_s: float = 10.0,
-                 rpc_timeout_s: float = 1.0) -> None:
+                 rpc_timeout_s: float = 1.0, max_inflight: int = 2, stream: bool = True) -> None:
         if not addrs and etcd is None:
             raise errors.ConfigError("TSOClient needs TSO addresses or an etcd client")
+        if max_inflight < 1:
+            raise errors.ConfigError(f"TSOClient max_inflight must be >= 1, got {max_inflight}")
         self.addrs = list(addrs or [])
         self.cluster_id = cluster_id
         self.etcd = etcd
         self.security = security
         self.deadline_s = deadline_s
         self.rpc_timeout_s = rpc_timeout_s
+        self.max_inflight = max_inflight
         self._stubs: dict[str, tuple[grpc.aio.Channel, pbg.TSOStub]] = {}
         self._addr: str | None = self.addrs[0] if self.addrs else None
-        self._pending: list[tuple[int, asyncio.Future[int]]] = []
+        self.stream = stream                    # False: unary GetTS only (benchmarks, old servers)
+        self._unary_only: set[str] = set()      # servers that answered UNIMPLEMENTED to the stream
+        self._queue: collections.deque[_Batch] = collections.deque()   # not sent; last one open
+        self._inflight: collections.deque[_Batch] = collections.deque()  # sent, in order
+        self._wake: asyncio.Future[None] | None = None
         self._worker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._last_ts = 0
+        self._tried: list[str] = []
+        self._last_error = "no TSO address known"
+        self._progress = False                  # a response arrived since the last failure
         self._closed = False
+        self.requests_sent = 0                  # GetTS requests written (stream or unary)
 
     async def get_ts(self) -> int:
-        first, _ = await self.get_ts_range(1)
-        return first
+        return await self._join(1)
 
     async def get_ts_range(self, count: int) -> tuple[int, int]:
         """(first, count): the timestamps first .. first + count - 1, all fresh."""
         if not 1 <= count <= MAX_TS_BATCH:
             raise errors.InvalidArgument(f"count {count} out of range 1..{MAX_TS_BATCH}")
+        return await self._join(count), count
+
+    def _join(self, count: int) -> asyncio.Future[int]:
+        """Add the caller to the open batch (a new one when it would overflow MAX_TS_BATCH)."""
         if self._closed:
             raise errors.Unavailable("TSO client is closed")
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending.append((count, fut))
-        if self._worker is None:
-            self._worker = asyncio.create_task(self._run(), name="tso-client-batcher")
-        return await fut, count
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        queue = self._queue
+        if queue and queue[-1].total + count <= MAX_TS_BATCH:
+            batch = queue[-1]
+        else:
+            batch = _Batch(loop.time())
+            queue.append(batch)
+        batch.total += count
+        batch.waiters.append((count, fut))
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._run(), name="tso-client")
+        else:
+            self._kick()
+        return fut
+
+    def _kick(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
 
     async def close(self) -> None:
         self._closed = True
@@ -120,54 +182,231 @@ class TSOClient:
                 await self._worker
             except asyncio.CancelledError:
                 pass
-        for _, fut in self._pending:
-            if not fut.done():
-                fut.set_exception(errors.Unavailable("TSO client closed"))
-        self._pending.clear()
+            self._worker = None
+        closed = errors.Unavailable("TSO client closed")
+        for batch in (*self._inflight, *self._queue):
+            self._fail(batch, closed)
+        self._inflight.clear()
+        self._queue.clear()
         for channel, _ in self._stubs.values():
             await channel.close()
         self._stubs.clear()
 
-    # -- batching -------------------------------------------------------------------------
+    # -- the worker: one session per leader, failing over -------------------------------------
     async def _run(self) -> None:
         try:
-            while self._pending:
-                n = self._take_count()
-                batch = self._pending[:n]
-                del self._pending[:n]
-                total = sum(count for count, _ in batch)
+            await self._serve_batches()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug here must not leave callers waiting forever
+            log.exception("TSO client worker failed")
+            for batch in (*self._inflight, *self._queue):
+                self._fail(batch, errors.SluiceError(f"TSO client worker failed: {e!r}"))
+            self._inflight.clear()
+            self._queue.clear()
+
+    async def _serve_batches(self) -> None:
+        backoff = 0.02
+        while True:
+            if not self._queue:
+                await self._wait()
+                continue
+            if self._addr is None and self.etcd is not None:
+                self._addr = await self._leader_from_etcd()
+                if self._addr is None:
+                    self._last_error = ("no TSO leader registered in etcd "
+                                        f"({leader_key(self.cluster_id)})")
+            addr = self._addr
+            hinted = False
+            if addr is not None:
+                if addr not in self._tried:
+                    self._tried.append(addr)
+                self._progress = False
                 try:
-                    first = await self._call(total)
-                except asyncio.CancelledError:
-                    for _, fut in batch:
-                        fut.cancel()
-                    raise
-                except Exception as e:  # noqa: BLE001 - every waiter of the batch gets it
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(e)
+                    if not self.stream or addr in self._unary_only:
+                        await self._unary_session(addr)
+                    else:
+                        await self._stream_session(addr)
                     continue
-                for count, fut in batch:
-                    if not fut.done():
-                        fut.set_result(first)
-                    first += count
-                # Let the callers just answered run first: most ask again at once, and they
-                # should join the next RPC instead of each starting a batch of one.
-                await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - classified below; waiters get errors
+                    hinted = self._failed(addr, e)
+                if self._progress:
+                    backoff = 0.02
+            self._expire()
+            if not hinted and self._queue:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
+
+    async def _wait(self) -> None:
+        assert self._loop is not None
+        self._wake = self._loop.create_future()
+        try:
+            await self._wake
         finally:
-            self._worker = None
+            self._wake = None
 
-    def _take_count(self) -> int:
-        """How many queued requests fit into one GetTS (each alone always fits)."""
-        n, total = 0, 0
-        for count, _ in self._pending:
-            if total + count > MAX_TS_BATCH:
-                break
-            total += count
-            n += 1
-        return n
+    def _failed(self, addr: str, e: Exception) -> bool:
+        """Classify a session's end; True when following a leader hint (retry at once)."""
+        # Whatever was in flight is sent again, ahead of later callers.
+        self._queue.extendleft(reversed(self._inflight))
+        self._inflight.clear()
+        if isinstance(e, _StreamTimeout):
+            code, details = grpc.StatusCode.DEADLINE_EXCEEDED, str(e)
+        elif isinstance(e, _StreamEnded):
+            code, details = grpc.StatusCode.UNAVAILABLE, str(e)
+        elif isinstance(e, grpc.aio.AioRpcError):
+            code, details = e.code(), e.details() or ""
+            if code == grpc.StatusCode.INTERNAL and _CORE_ERROR in details:
+                # grpc.aio's status for a write on a connection that died, not the server's.
+                code = grpc.StatusCode.UNAVAILABLE
+        else:
+            # A misbehaving server (see _read_responses); the worker must survive it.
+            log.warning("TSO stream to %s failed: %r", addr, e)
+            code, details = grpc.StatusCode.UNAVAILABLE, repr(e)
+        if self._progress:
+            self._tried = [addr]
+        if code == grpc.StatusCode.UNIMPLEMENTED and addr not in self._unary_only:
+            log.info("TSO %s has no GetTSStream; using unary GetTS", addr)
+            self._unary_only.add(addr)
+            return True
+        if code not in _RETRYABLE:
+            # The server answers requests in order: the oldest unanswered one caused this.
+            if self._queue:
+                self._fail(self._queue.popleft(), grpcutil.to_sluice_error(e))
+            return True
+        self._last_error = f"{addr}: {code.name} {details}"
+        log.debug("TSO stream to %s ended: %s", addr, self._last_error)
+        return self._switch(addr, details)
 
-    # -- one RPC, following the leader ------------------------------------------------------
+    def _expire(self) -> None:
+        """Fail the batches whose callers have waited deadline_s."""
+        assert self._loop is not None
+        now = self._loop.time()
+        if not any(now - b.born >= self.deadline_s for b in self._queue):
+            return
+        error = errors.Unavailable(
+            f"no TSO leader answered within {self.deadline_s:.1f}s "
+            f"(tried {', '.join(self._tried) or 'nothing'}; last error: {self._last_error})")
+        keep = [b for b in self._queue if now - b.born < self.deadline_s]
+        for b in self._queue:
+            if now - b.born >= self.deadline_s:
+                self._fail(b, error)
+        self._queue.clear()
+        self._queue.extend(keep)
+
+    # -- batches ---------------------------------------------------------------------------
+    def _take(self) -> _Batch:
+        """The queued batches that fit into one request, merged (the first always fits)."""
+        queue = self._queue
+        batch = queue.popleft()
+        while queue and batch.total + queue[0].total <= MAX_TS_BATCH:
+            more = queue.popleft()
+            batch.total += more.total
+            batch.waiters.extend(more.waiters)
+            batch.born = min(batch.born, more.born)
+        return batch
+
+    def _resolve(self, batch: _Batch, addr: str, first: int, count: int) -> None:
+        if first <= self._last_ts or count != batch.total:
+            self._fail(batch, errors.SluiceError(
+                f"TSO {addr} answered first_ts={first} count={count} for count={batch.total}, "
+                f"not above the last ts {self._last_ts}: refusing it"))
+            return
+        self._last_ts = first + count - 1
+        self._progress = True
+        for n, fut in batch.waiters:
+            if not fut.done():          # a caller may have been cancelled meanwhile
+                fut.set_result(first)
+            first += n
+
+    @staticmethod
+    def _fail(batch: _Batch, error: BaseException) -> None:
+        for _, fut in batch.waiters:
+            if not fut.done():
+                fut.set_exception(error)
+
+    # -- one stream to one server ----------------------------------------------------------
+    async def _stream_session(self, addr: str) -> None:
+        """Pipeline requests on one GetTSStream until it breaks (raises) or the client closes."""
+        loop = self._loop
+        assert loop is not None
+        call = self._stub(addr).GetTSStream()
+        reader = loop.create_task(self._read_responses(call, addr), name="tso-client-reader")
+        reader.add_done_callback(lambda _: self._kick())
+        timed_out = False
+
+        def watchdog() -> None:
+            nonlocal timed_out, timer
+            inflight = self._inflight
+            if inflight and loop.time() - inflight[0].sent >= self.rpc_timeout_s:
+                timed_out = True
+                self._kick()
+            else:
+                timer = loop.call_later(self.rpc_timeout_s / 4, watchdog)
+
+        timer = loop.call_later(self.rpc_timeout_s / 4, watchdog)
+        inflight, queue = self._inflight, self._queue
+        try:
+            while True:
+                while queue and len(inflight) < self.max_inflight and not reader.done():
+                    batch = self._take()
+                    batch.sent = loop.time()
+                    inflight.append(batch)
+                    self.requests_sent += 1
+                    try:
+                        await call.write(pb.GetTSReq(cluster_id=self.cluster_id,
+                                                     count=batch.total))
+                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:
+                        await self._write_failed(reader, addr, e)
+                if reader.done():
+                    if not reader.cancelled():
+                        reader.result()     # raises the stream's error
+                    raise _StreamEnded(f"{addr} closed the GetTSStream")
+                if timed_out:
+                    raise _StreamTimeout(f"no GetTSStream response within "
+                                         f"{self.rpc_timeout_s:.1f}s")
+                await self._wait()
+        finally:
+            timer.cancel()
+            reader.cancel()
+            call.cancel()
+
+    async def _write_failed(self, reader: asyncio.Task[None], addr: str, e: Exception) -> None:
+        """A write failed because the call ended (a dead connection surfaces as INTERNAL
+        "Internal error from Core" on the write): the reader holds the call's real status."""
+        await asyncio.wait([reader], timeout=self.rpc_timeout_s)
+        if reader.done() and not reader.cancelled():
+            reader.result()
+        raise _StreamEnded(f"{addr}: GetTSStream write failed: {e!r}") from None
+
+    async def _read_responses(self, call: grpc.aio.StreamStreamCall, addr: str) -> None:
+        inflight = self._inflight
+        kick = self._kick
+        resolve = self._resolve
+        while True:
+            resp = await call.read()
+            if resp is grpc.aio.EOF:
+                return
+            if not inflight:
+                raise errors.SluiceError(f"TSO {addr} sent a response nobody asked for")
+            resolve(inflight.popleft(), addr, resp.first_ts, resp.count)
+            kick()
+
+    async def _unary_session(self, addr: str) -> None:
+        """Unary GetTS, one RPC in flight (servers without GetTSStream)."""
+        stub = self._stub(addr)
+        while self._queue:
+            batch = self._take()
+            self._inflight.append(batch)
+            self.requests_sent += 1
+            resp = await stub.GetTS(pb.GetTSReq(cluster_id=self.cluster_id, count=batch.total),
+                                    timeout=self.rpc_timeout_s)
+            self._inflight.popleft()
+            self._resolve(batch, addr, resp.first_ts, resp.count)
+
+    # -- following the leader --------------------------------------------------------------
     def _stub(self, addr: str) -> pbg.TSOStub:
         entry = self._stubs.get(addr)
         if entry is None:
@@ -184,46 +423,6 @@ class TSOClient:
             log.debug("TSO leader lookup failed: %s", e)
             return None
         return info.addr if info else None
-
-    async def _call(self, count: int) -> int:
-        deadline = time.monotonic() + self.deadline_s
-        backoff = 0.02
-        last_error = "no TSO address known"
-        tried: list[str] = []
-        req = pb.GetTSReq(cluster_id=self.cluster_id, count=count)
-        while True:
-            if self._addr is None and self.etcd is not None:
-                self._addr = await self._leader_from_etcd()
-                if self._addr is None:
-                    last_error = f"no TSO leader registered in etcd ({leader_key(self.cluster_id)})"
-            addr = self._addr
-            hinted = False
-            if addr is not None:
-                if addr not in tried:
-                    tried.append(addr)
-                try:
-                    resp = await self._stub(addr).GetTS(req, timeout=self.rpc_timeout_s)
-                except grpc.aio.AioRpcError as e:
-                    if e.code() not in _RETRYABLE:
-                        raise grpcutil.to_sluice_error(e) from None
-                    last_error = f"{addr}: {e.code().name} {e.details()}"
-                    hinted = self._switch(addr, e.details() or "")
-                else:
-                    first = int(resp.first_ts)
-                    if first <= self._last_ts or resp.count != count:
-                        raise errors.SluiceError(
-                            f"TSO {addr} answered first_ts={first} count={resp.count} for count="
-                            f"{count}, not above the last ts {self._last_ts}: refusing it")
-                    self._last_ts = first + count - 1
-                    return first
-            now = time.monotonic()
-            if now >= deadline:
-                raise errors.Unavailable(
-                    f"no TSO leader answered within {self.deadline_s:.1f}s "
-                    f"(tried {', '.join(tried) or 'nothing'}; last error: {last_error})")
-            if not hinted:
-                await asyncio.sleep(min(backoff, max(0.0, deadline - now)))
-                backoff = min(backoff * 2, 0.5)
 
     def _switch(self, addr: str, details: str) -> bool:
         """Pick the next address after `addr` failed; True when following a leader hint."""

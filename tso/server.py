@@ -1,9 +1,11 @@
 """`sluice tso`: the timestamp oracle server (DESIGN §2.1).
 
-GetTS answers only from the leader, and only after checking — right before the reply — that the
-term it allocated under is still current and its lease certainly alive (`Leadership.check_serving`).
-Everything else (election, keepalive, window persistence) lives in `tso.leader`; allocation in
-`tso.allocator`.
+GetTS and every GetTSStream message answer only from the leader, and only after checking — right
+before each reply — that the term it allocated under is still current and its lease certainly
+alive (`Leadership.check_serving`). A stream answers its requests one at a time, in order, each
+allocated after it arrived; any error (bad input, not leader, lease uncertain) ends that stream
+with the same status a unary GetTS would get. Everything else (election, keepalive, window
+persistence) lives in `tso.leader`; allocation in `tso.allocator`.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -77,11 +80,31 @@ class TSOService(pbg.TSOServicer):
         self.cfg = cfg
         self.allocator = allocator
         self.leadership = leadership
-        self.requests = metrics.counter("tso_requests_total", "GetTS calls by result", ("result",))
+        requests = metrics.counter("tso_requests_total",
+                                   "GetTS requests (unary calls and stream messages) by result",
+                                   ("result",))
+        # Children resolved once: labels() costs ~3.5 us per request (lock + dict) on this VM.
+        self.ok = requests.labels("ok")
+        self.invalid = requests.labels("invalid")
+        self.unavailable = requests.labels("unavailable")
         self.issued = metrics.counter("tso_timestamps_total", "timestamps handed out")
 
     @grpcutil.handle_errors
     async def GetTS(self, request: pb.GetTSReq, context: grpc.aio.ServicerContext) -> pb.GetTSResp:
+        return await self._serve(request)
+
+    @grpcutil.handle_errors
+    async def GetTSStream(self, request_iterator: AsyncIterator[pb.GetTSReq],
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GetTSResp]:
+        # Requests are answered one at a time, in order: each is allocated after it arrived and
+        # passes the same checks as a unary GetTS, so a pipelining client gets the unary
+        # guarantees per request. An error ends the stream with its status (gRPC has no
+        # per-message status); the client reopens a stream for the requests left unanswered.
+        async for request in request_iterator:
+            yield await self._serve(request)
+
+    async def _serve(self, request: pb.GetTSReq) -> pb.GetTSResp:
+        """One GetTS: validate, allocate, then check the lease right before the reply."""
         try:
             grpcutil.check_cluster(request, self.cfg.cluster_id)
             count = request.count
@@ -92,12 +115,12 @@ class TSOService(pbg.TSOServicer):
             await failpoint.ainject("tso-before-reply")
             self.leadership.check_serving(term, deadline)
         except InvalidArgument:
-            self.requests.labels("invalid").inc()
+            self.invalid.inc()
             raise
         except Unavailable:
-            self.requests.labels("unavailable").inc()
+            self.unavailable.inc()
             raise
-        self.requests.labels("ok").inc()
+        self.ok.inc()
         self.issued.inc(count)
         return pb.GetTSResp(first_ts=first, count=count)
 

@@ -19,6 +19,7 @@ import grpc
 import pytest
 
 from sluice.core import ts as tsmod
+from sluice.core.errors import Unavailable
 from sluice.core.etcd import Etcd
 from sluice.core.tso_client import MAX_TS_BATCH, LeaderInfo, SyncTSOClient, TSOClient, read_leader
 from sluice.proto import sluice_pb2 as pb, sluice_pb2_grpc as pbg
@@ -363,3 +364,233 @@ def test_demo_short_runs_end_to_end(tmp_path) -> None:
                          timeout=90, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "took over" in res.stdout and "strictly increasing" in res.stdout
+
+
+# -- GetTSStream and the pipelining client ------------------------------------------------------
+
+def stream_status(addr: str, requests: list[pb.GetTSReq],
+                  timeout: float = 10.0) -> tuple[list[int], grpc.StatusCode, str]:
+    """Send `requests` on one GetTSStream: (first_ts of each answer, final code, details)."""
+    with grpc.insecure_channel(addr) as channel:
+        answers: list[int] = []
+        try:
+            for resp in pbg.TSOStub(channel).GetTSStream(iter(requests), timeout=timeout):
+                answers.append(resp.first_ts)
+        except grpc.RpcError as e:
+            return answers, e.code(), e.details() or ""
+        return answers, grpc.StatusCode.OK, ""
+
+
+class Calls:
+    """(call time, return time, timestamps) of every get_ts/get_ts_range, per caller."""
+
+    def __init__(self, callers: int) -> None:
+        self.per_caller: list[list[tuple[float, float, int, int]]] = [[] for _ in range(callers)]
+
+    async def call(self, i: int, client: TSOClient, count: int) -> None:
+        t0 = time.monotonic()
+        first, n = (await client.get_ts(), 1) if count == 1 else await client.get_ts_range(count)
+        self.per_caller[i].append((t0, time.monotonic(), first, n))
+
+    def check(self) -> int:
+        """Per caller strictly increasing, globally unique, linearizable; returns how many ts."""
+        every = [c for per in self.per_caller for c in per]
+        for per in self.per_caller:
+            assert all(a[2] + a[3] - 1 < b[2] for a, b in zip(per, per[1:])), "caller went back"
+        ranges = sorted((first, first + n) for _, _, first, n in every)
+        assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:])), "a timestamp handed twice"
+        # Sweep in time order: every ts handed out after a call started must exceed every ts
+        # that had already been returned to anyone when that call started.
+        events = sorted([(t_ret, 1, first + n - 1) for _, t_ret, first, n in every]
+                        + [(t_call, 0, first) for t_call, _, first, _ in every])
+        returned_max = 0
+        for _, kind, value in events:
+            if kind == 1:
+                returned_max = max(returned_max, value)
+            else:
+                assert value > returned_max, f"ts {value} not above the already returned {returned_max}"
+        return sum(n for _, _, _, n in every)
+
+
+def test_stream_ts_are_linearizable_across_clients(etcd_module, tmp_path, nodes) -> None:
+    """A timestamp handed to a caller was allocated after that caller asked."""
+    node = start(nodes, tmp_path, etcd_module.endpoint, "lin", cluster=16)
+    wait_serving(node)
+
+    async def scenario() -> Calls:
+        # Three clients = three streams; unsynchronised callers keep several requests in flight.
+        clients = [TSOClient([node.addr], 16, max_inflight=k) for k in (1, 2, 4)]
+        calls = Calls(24)
+        end = time.monotonic() + 1.5
+
+        async def caller(i: int) -> None:
+            rnd = random.Random(i)
+            while time.monotonic() < end:
+                await calls.call(i, clients[i % 3], rnd.choice((1, 1, 1, 7, 300)))
+                if rnd.random() < 0.3:
+                    await asyncio.sleep(rnd.random() / 1000)
+
+        await asyncio.gather(*(caller(i) for i in range(24)))
+        sent = sum(c.requests_sent for c in clients)
+        for c in clients:
+            await c.close()
+        assert sent > 50
+        return calls
+
+    assert asyncio.run(scenario()).check() > 1000
+
+
+def test_stream_kill9_leader_ts_unique_increasing_linearizable(etcd, tmp_path, nodes) -> None:
+    """Across a kill -9 of the leader, stream callers' ts stay strictly increasing, unique and
+    linearizable; a standby ends a stream with UNAVAILABLE "not leader: leader is ADDR"."""
+    client_etcd = Etcd(etcd.endpoint, timeout=2)
+    a = start(nodes, tmp_path, etcd.endpoint, "a")
+    wait_leader(client_etcd, "a")
+    b = start(nodes, tmp_path, etcd.endpoint, "b")
+    wait_serving(a)
+    wait_until(lambda: stream_status(b.addr, [pb.GetTSReq(cluster_id=CLUSTER, count=1)])[2]
+               .startswith("not leader: leader is"), 10, what="standby b to name the leader")
+    answers, code, details = stream_status(b.addr, [pb.GetTSReq(cluster_id=CLUSTER, count=1)])
+    assert (answers, code) == ([], grpc.StatusCode.UNAVAILABLE) and a.addr in details, details
+
+    async def scenario() -> tuple[Calls, int]:
+        clients = [TSOClient(None, CLUSTER, etcd=client_etcd, deadline_s=15, max_inflight=k)
+                   for k in (2, 4)]
+        calls = Calls(16)
+        stop = asyncio.Event()
+
+        async def caller(i: int) -> None:
+            rnd = random.Random(i)
+            while not stop.is_set():
+                await calls.call(i, clients[i % 2], rnd.choice((1, 1, 5)))
+
+        tasks = [asyncio.create_task(caller(i)) for i in range(16)]
+        await asyncio.sleep(0.5)
+        a.proc.kill9()
+        killed_at = time.monotonic()
+        before = sum(len(per) for per in calls.per_caller)
+        await asyncio.to_thread(wait_leader, client_etcd, "b")
+        # every caller got an answer that it asked for after the kill
+        while not all(per and per[-1][0] > killed_at for per in calls.per_caller):
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.gather(*tasks)
+        for c in clients:
+            await c.close()
+        return calls, before
+
+    calls, before_kill = asyncio.run(scenario())
+    client_etcd.close()
+    assert before_kill > 50
+    assert calls.check() > before_kill
+
+
+def test_stream_bad_input_is_invalid_argument_other_streams_served(etcd_module, tmp_path,
+                                                                   nodes) -> None:
+    """On the stream, a bad count or cluster_id ends that stream with INVALID_ARGUMENT after the
+    good requests before it were answered; other streams and clients keep being served."""
+    node = start(nodes, tmp_path, etcd_module.endpoint, "strict-stream", cluster=17)
+    first = wait_serving(node)
+
+    async def scenario() -> None:
+        client = TSOClient([node.addr], 17)     # an open stream across the bad ones
+        before = await client.get_ts()
+        for bad in (pb.GetTSReq(cluster_id=17, count=0),
+                    pb.GetTSReq(cluster_id=17, count=MAX_TS_BATCH + 1),
+                    pb.GetTSReq(cluster_id=18, count=1)):
+            answers, code, details = await asyncio.to_thread(
+                stream_status, node.addr, [pb.GetTSReq(cluster_id=17, count=3), bad,
+                                           pb.GetTSReq(cluster_id=17, count=1)])
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (bad, code, details)
+            assert len(answers) == 1 and answers[0] > before, answers
+            assert ("out of range" in details if bad.count != 1
+                    else "cluster_id mismatch" in details), details
+        assert await client.get_ts() > answers[0]
+        await client.close()
+
+    asyncio.run(scenario())
+    assert node.get_ts() > first
+
+
+def test_stream_reply_stalled_past_the_ttl_is_unavailable(etcd_module, tmp_path, nodes) -> None:
+    """A stream reply held up past the lease that covered its allocation ends the stream with
+    UNAVAILABLE (tso-before-reply failpoint); a client whose request stalls re-sends it on a new
+    stream after rpc_timeout_s instead of waiting for the stalled one."""
+    node = start(nodes, tmp_path, etcd_module.endpoint, "slow-stream", cluster=19,
+                 env={"SLUICE_FAILPOINTS": f"tso-before-reply=2*sleep({TTL * 1000 + 500})"})
+    e = Etcd(etcd_module.endpoint, timeout=2)
+    wait_leader(e, "slow-stream", cluster=19)
+    e.close()
+    answers, code, details = stream_status(node.addr, [pb.GetTSReq(cluster_id=19, count=1)] * 2)
+    assert answers == [] and code == grpc.StatusCode.UNAVAILABLE, (answers, code, details)
+    assert "lease not certainly alive at reply time" in details, details
+
+    async def scenario() -> tuple[int, float]:
+        client = TSOClient([node.addr], 19, rpc_timeout_s=0.5)
+        t0 = time.monotonic()
+        try:
+            return await client.get_ts(), time.monotonic() - t0
+        finally:
+            await client.close()
+
+    ts, waited = asyncio.run(scenario())   # the second (last) stall hits this client's request
+    assert ts > 0 and waited < TTL, waited
+
+
+def test_client_deadline_names_what_was_tried(tmp_path) -> None:
+    """No TSO answering: callers get Unavailable after deadline_s, naming the address tried."""
+    addr = f"127.0.0.1:{free_port()}"
+
+    async def scenario() -> str:
+        client = TSOClient([addr], CLUSTER, deadline_s=1.0)
+        t0 = time.monotonic()
+        try:
+            results = await asyncio.gather(client.get_ts(), client.get_ts_range(5),
+                                           return_exceptions=True)
+        finally:
+            await client.close()
+        assert 1.0 <= time.monotonic() - t0 < 3.0
+        assert all(isinstance(r, Unavailable) for r in results), results
+        return str(results[0])
+
+    message = asyncio.run(scenario())
+    assert "no TSO leader answered within 1.0s" in message and f"tried {addr}" in message, message
+
+
+def test_client_falls_back_to_unary_when_stream_is_unimplemented(etcd_module, tmp_path,
+                                                                 nodes) -> None:
+    """A TSO without GetTSStream (UNIMPLEMENTED) is used through unary GetTS."""
+    node = start(nodes, tmp_path, etcd_module.endpoint, "old", cluster=20)
+    wait_serving(node)
+
+    calls = [0]
+
+    async def get_ts(request: pb.GetTSReq, context: grpc.aio.ServicerContext) -> pb.GetTSResp:
+        calls[0] += 1
+        async with grpc.aio.insecure_channel(node.addr) as ch:
+            return await pbg.TSOStub(ch).GetTS(request)
+
+    # An older TSO: only unary GetTS is registered (forwarded to the real one).
+    older = grpc.method_handlers_generic_handler("sluice.v1.TSO", {
+        "GetTS": grpc.unary_unary_rpc_method_handler(
+            get_ts, request_deserializer=pb.GetTSReq.FromString,
+            response_serializer=pb.GetTSResp.SerializeToString)})
+
+    async def scenario() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((older,))
+        addr = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        client = TSOClient([addr], 20)
+        try:
+            seen = [await client.get_ts() for _ in range(3)]
+            seen += await asyncio.gather(*(client.get_ts() for _ in range(20)))
+            assert all(x < y for x, y in zip(seen[:3], seen[1:4]))
+            assert len(set(seen)) == 23
+            # one stream request (UNIMPLEMENTED), then unary only
+            assert calls[0] >= 4 and client.requests_sent == calls[0] + 1
+        finally:
+            await client.close()
+            await server.stop(0)
+
+    asyncio.run(scenario())
