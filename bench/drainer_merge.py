@@ -14,7 +14,15 @@ Rows:
 - streaming, 20% with positions: the same, with one producer's items (a capture) carrying
   increasing pb.Position values, which takes the per-item filter path.
 
+Real path (`--real`, after the in-process rows): 3 pump processes preloaded with --binlogs
+binlogs (prewrite + commit per transaction, commit_ts interleaved across pumps), then
+- baseline: one client reads the 3 pumps' PullBinlogs streams concurrently (3 threads), no merge;
+- ours: `sluice drainer` with the grpc sink merges the same streams and one consumer reads its
+  Drainer.PullBinlogs, from the drainer's "online" log line to the last binlog received.
+Both read the same data in the same invocation; wall-clock binlogs/s, median of --real-repeat.
+
 Run: .venv/bin/python bench/drainer_merge.py [--sources 5] [--per-source 200000] [--batch 1000]
+     [--real] [--binlogs 300000] [--real-repeat 3] [--skip-in-process]
 """
 from __future__ import annotations
 
@@ -26,11 +34,16 @@ import os
 import platform
 import random
 import statistics
+import sys
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from sluice.drainer.merger import MergeItem, Merger
-from sluice.proto import sluice_pb2 as pb
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sluice.drainer.merger import MergeItem, Merger  # noqa: E402
+from sluice.proto import sluice_pb2 as pb  # noqa: E402
 
 FAR = 1 << 62
 
@@ -100,13 +113,180 @@ def timed(fn: Callable[[list[list[MergeItem]]], list[MergeItem]],
     return time.process_time() - t0, out
 
 
+# -- real path ------------------------------------------------------------------------------
+
+def preload(cluster, binlogs: int, group: int = 5000) -> tuple[int, dict[str, int]]:  # type: ignore[no-untyped-def]
+    """Write binlogs/2 small transactions over the 3 pumps; returns (ts before, count per pump)."""
+    import random
+
+    from tests.support.binlogs import TS, commit, prewrite
+    rng = random.Random(7)
+    ts = TS(cluster.tso_addrs, cluster.cluster_id)
+    chans = {p: h.stub() for p, h in cluster.pumps.items()}
+    names = sorted(chans)
+    value = pb.PrewriteValue(schema_version=1, mutations=[pb.TableMutation(
+        table_id=1, schema_name="b", table_name="t", changes=[pb.RowChange(
+            tp=pb.INSERT, after=pb.Row(columns=[pb.Datum(int=1), pb.Datum(str="x" * 64)]))])]
+    ).SerializeToString()
+    counts = dict.fromkeys(names, 0)
+    t0 = ts.get()
+    txns = binlogs // 2
+    while txns > 0:
+        k = min(group, txns)
+        txns -= k
+        first = ts.get(k)
+        pumps = [rng.choice(names) for _ in range(k)]
+        for phase in ("prewrite", "commit"):
+            if phase == "commit":
+                c0 = ts.get(k)
+            by: dict[str, list[bytes]] = {p: [] for p in names}
+            for i, p in enumerate(pumps):
+                s = first + i
+                by[p].append(prewrite(s, value) if phase == "prewrite" else commit(s, c0 + i))
+            for p, payloads in by.items():
+                if payloads:
+                    chans[p][1].WriteBinlogs(pb.WriteBinlogsReq(
+                        cluster_id=cluster.cluster_id, payloads=payloads), timeout=120)
+                    counts[p] += len(payloads)
+    for ch, _ in chans.values():
+        ch.close()
+    ts.close()
+    return t0, counts
+
+
+def read_pumps(cluster, after: int, counts: dict[str, int]) -> float:  # type: ignore[no-untyped-def]
+    """Baseline: the 3 pumps' PullBinlogs streams read concurrently, no merge; binlogs/s."""
+    import grpc
+
+    from sluice.core import grpcutil
+    from sluice.proto import sluice_pb2_grpc as pbg
+
+    def one(addr: str, expect: int) -> None:
+        ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
+        n = 0
+        stream = pbg.PumpStub(ch).PullBinlogs(pb.PullBinlogsReq(
+            cluster_id=cluster.cluster_id, after_commit_ts=after), timeout=600)
+        for resp in stream:
+            n += len(resp.binlogs)
+            if n >= expect:
+                break
+        stream.cancel()
+        ch.close()
+    threads = [threading.Thread(target=one, args=(cluster.pumps[p].addr, n)) for p, n in counts.items()]
+    cpu0 = pump_cpu(cluster)
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rate = sum(counts.values()) / (time.time() - t0)
+    print(f"    baseline cpu s: pumps {pump_cpu(cluster) - cpu0:.2f}", flush=True)
+    return rate
+
+
+def pump_cpu(cluster) -> float:  # type: ignore[no-untyped-def]
+    import psutil
+    total = 0.0
+    for h in cluster.pumps.values():
+        c = psutil.Process(h.proc.pid).cpu_times()
+        total += c.user + c.system
+    return total
+
+
+def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: ignore[no-untyped-def]
+    """Ours: drainer (grpc sink) from its online log line to the consumer's last binlog."""
+    import grpc
+
+    from sluice.core import grpcutil
+    from sluice.proto import sluice_pb2_grpc as pbg
+    import psutil
+    cpu0 = pump_cpu(cluster)
+    d = cluster.start_drainer(name, sink="grpc", **{
+        "initial-commit-ts": after, "to.consumers": ["bench"], "checkpoint-interval": 1.0})
+    dproc = psutil.Process(d.proc.pid)
+    dcpu0 = sum(dproc.cpu_times()[:2])
+    ch = grpc.insecure_channel(d.addr, options=grpcutil.CHANNEL_OPTIONS)
+    n = 0
+    stream = pbg.DrainerStub(ch).PullBinlogs(pb.DrainerPullReq(
+        cluster_id=cluster.cluster_id, after_commit_ts=after, consumer_id="bench"), timeout=600)
+    last = after
+    for resp in stream:
+        n += len(resp.binlogs)
+        if resp.watermark > last + 100_000_000:  # ack now and then: keeps the buffer bounded
+            pbg.DrainerStub(ch).Ack(pb.AckReq(cluster_id=cluster.cluster_id, consumer_id="bench",
+                                              commit_ts=resp.watermark))
+            last = resp.watermark
+        if n >= total:
+            break
+    t_end = time.time()
+    print(f"    ours cpu s: pumps {pump_cpu(cluster) - cpu0:.2f}, drainer "
+          f"{sum(dproc.cpu_times()[:2]) - dcpu0:.2f} (after start-up)", flush=True)
+    stream.cancel()
+    ch.close()
+    started = None
+    for line in d.proc.log_text().splitlines():
+        if "online: merging" in line:
+            started = datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                tzinfo=datetime.timezone.utc).timestamp()
+    assert started is not None
+    d.proc.stop()
+    return total / (t_end - started)
+
+
+def real_path(binlogs: int, repeat: int) -> None:
+    import tempfile
+
+    from tests.support.cluster import Cluster
+    from tests.support.procs import EtcdServer
+    work = Path(tempfile.mkdtemp(prefix="sluice-bench-drainer-"))
+    etcd = EtcdServer(work / "etcd").start()
+    cluster = Cluster(work, etcd.endpoint)
+    try:
+        cluster.start_tso()
+        for i in range(3):
+            cluster.start_pump(f"pump-{i + 1}", **{"storage.sync": False})
+        t = time.monotonic()
+        after, counts = preload(cluster, binlogs)
+        total = sum(counts.values())
+        print(f"preloaded {total:,} binlogs over 3 pumps in {time.monotonic() - t:.1f}s "
+              f"({', '.join(f'{p}: {n:,}' for p, n in counts.items())})", flush=True)
+        base, ours = [], []
+        for r in range(repeat):
+            base.append(read_pumps(cluster, after, counts))
+            ours.append(read_drainer(cluster, f"bench-{r}", after, total))
+            print(f"  run {r + 1}: pumps read {base[-1]:,.0f} binlogs/s, drainer merged "
+                  f"{ours[-1]:,.0f} binlogs/s", flush=True)
+    finally:
+        cluster.stop()
+        etcd.stop()
+    b, o = statistics.median(base), statistics.median(ours)
+    print()
+    print("| what | baseline | ours | ratio | machine | date |")
+    print("|---|---|---|---|---|---|")
+    print(f"| 3 pumps -> drainer (grpc sink) -> consumer vs reading the 3 pumps' PullBinlogs, "
+          f"{total:,} binlogs | {b:,.0f}/s | {o:,.0f}/s | {o / b:.2f}x | {os.cpu_count()} cores | "
+          f"{datetime.date.today().isoformat()} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sources", type=int, default=5)
     ap.add_argument("--per-source", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3, help="runs per side; the median is shown")
+    ap.add_argument("--real", action="store_true", help="also run the real-process path")
+    ap.add_argument("--binlogs", type=int, default=300_000)
+    ap.add_argument("--real-repeat", type=int, default=3)
+    ap.add_argument("--skip-in-process", action="store_true")
     args = ap.parse_args()
+    if not args.skip_in_process:
+        in_process(args)
+    if args.real:
+        print()
+        real_path(args.binlogs, args.real_repeat)
+
+
+def in_process(args: argparse.Namespace) -> None:
 
     plain = build(args.sources, args.per_source, 0.0, seed=1)
     with_pos = build(args.sources, args.per_source, 0.2, seed=2)

@@ -464,9 +464,19 @@ class SyncTSOClient:
         if self._loop.is_closed():
             return
         self._run(self._client.close())
+        # Like asyncio.run: let gRPC's own tasks finish instead of destroying them pending.
+        self._run(self._drain_tasks())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()
+
+    @staticmethod
+    async def _drain_tasks() -> None:
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def __enter__(self) -> "SyncTSOClient":
         return self

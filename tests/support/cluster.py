@@ -1,16 +1,25 @@
-"""A small real cluster for tests: etcd (fixture) + TSO + pump processes on free ports."""
+"""A small real cluster for tests: etcd (fixture) + TSO + pump and drainer processes on free ports.
+
+`TxnWriter` plays a producer: it writes random transactions to chosen pumps the way the client
+does (prewrites acknowledged, then commit_ts from the TSO, then commits) and keeps the ack log
+the sinks are checked against.
+"""
 from __future__ import annotations
 
 import contextlib
 import json
+import random
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 
+from .binlogs import TS
 from .procs import Proc, free_port, port_open, sluice_argv, wait_until
 
 CLUSTER_ID = 7
@@ -41,6 +50,31 @@ class PumpHandle:
         return ch, pbg.PumpStub(ch)
 
 
+@dataclass
+class DrainerHandle:
+    name: str
+    addr: str
+    proc: Proc
+    sink: str
+    out_dir: Path                     # the file sink's directory
+    metrics_addr: str
+    settings: dict[str, object] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        """Scrape /metrics: {"name{labels}": value}."""
+        import urllib.request
+        text = urllib.request.urlopen(f"http://{self.metrics_addr}/metrics", timeout=2).read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def metric(self, name: str, default: float = 0.0) -> float:
+        return self.metrics().get(name, default)
+
+
 class Cluster:
     """Starts and always stops (by pid) the processes of one test."""
 
@@ -51,6 +85,7 @@ class Cluster:
         self.procs: list[Proc] = []
         self.tso_addrs: list[str] = []
         self.pumps: dict[str, PumpHandle] = {}
+        self.drainers: dict[str, DrainerHandle] = {}
 
     def start_tso(self, name: str = "tso-1", lease_ttl: int = 2, env: dict[str, str] | None = None) -> Proc:
         addr = f"127.0.0.1:{free_port()}"
@@ -107,7 +142,225 @@ class Cluster:
         finally:
             ch.close()
 
+    def drainer_settings(self, name: str, addr: str, sink: str, out_dir: Path,
+                         metrics_addr: str, **extra: object) -> dict[str, object]:
+        settings: dict[str, object] = {
+            "cluster-id": self.cluster_id, "name": name, "addr": addr, "etcd": self.etcd,
+            "tso": self.tso_addrs, "checkpoint-interval": 0.5, "alive-ttl": 2,
+            "status-poll-interval": 0.2, "reconnect-max-backoff": 0.5, "sink": sink,
+            "metrics-addr": metrics_addr,
+        }
+        if sink == "file":
+            settings["to.dir"] = str(out_dir)
+        settings.update(extra)
+        return settings
+
+    def start_drainer(self, name: str = "drainer-1", sink: str = "file",
+                      env: dict[str, str] | None = None, wait_online: bool = True,
+                      **settings: object) -> DrainerHandle:
+        """Start (or restart, same address and output dir) drainer `name`; extra settings are
+        config keys (`initial-commit-ts`, `to.consumers`, ...)."""
+        old = self.drainers.get(name)
+        addr = old.addr if old else f"127.0.0.1:{free_port()}"
+        metrics_addr = old.metrics_addr if old else f"127.0.0.1:{free_port()}"
+        out_dir = old.out_dir if old else self.workdir / f"{name}-out"
+        merged = {**(old.settings if old else {}), **settings}
+        full = self.drainer_settings(name, addr, sink, out_dir, metrics_addr, **merged)
+        proc = Proc(name, sluice_argv("drainer", *set_args(full)), self.workdir / f"{name}.log",
+                    env=env).start()
+        self.procs.append(proc)
+        handle = DrainerHandle(name, addr, proc, sink, out_dir, metrics_addr, merged)
+        self.drainers[name] = handle
+        if wait_online:
+            self.wait_drainer_online(handle)
+        return handle
+
+    def wait_drainer_online(self, handle: DrainerHandle, timeout: float = 30) -> None:
+        from sluice.core.etcd import Etcd
+        from sluice.core.registry import NodeKind, Registry
+        etcd = Etcd(self.etcd, timeout=2)
+        reg = Registry(etcd, self.cluster_id)
+
+        def online() -> bool:
+            if not handle.proc.alive():
+                raise AssertionError(f"{handle.name} exited:\n{handle.proc.log_text()[-3000:]}")
+            info = reg.get(NodeKind.DRAINER, handle.name)
+            return (info is not None and info.alive and info.state.value == "online"
+                    and "online: merging" in handle.proc.log_text())
+        try:
+            wait_until(online, timeout, 0.1, what=f"{handle.name} online")
+        finally:
+            etcd.close()
+
     def stop(self) -> None:
         for proc in reversed(self.procs):
             with contextlib.suppress(Exception):
                 proc.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# A producer for tests
+# ---------------------------------------------------------------------------------------------
+
+def table_info(table_id: int, db: str, name: str) -> pb.TableInfo:
+    return pb.TableInfo(
+        table_id=table_id, schema_name=db, table_name=name, version=1,
+        columns=[pb.ColumnInfo(name="id", data_type="bigint", column_type="bigint(20)"),
+                 pb.ColumnInfo(name="v", data_type="varchar", column_type="varchar(64)",
+                               length=64, nullable=True)],
+        indexes=[pb.IndexInfo(name="PRIMARY", columns=["id"], primary=True)])
+
+
+@dataclass(frozen=True)
+class Acked:
+    """One acknowledged transaction: what a sink must hold exactly once."""
+
+    start_ts: int
+    commit_ts: int
+    pump: str
+    table: str                      # "db.name"
+    rows: tuple[tuple[str, int, str], ...]   # (op, id, v)
+
+
+class TxnWriter:
+    """Writes random transactions to pumps like the client does; keeps the ack log."""
+
+    def __init__(self, cluster: Cluster, tables: list[pb.TableInfo], seed: int = 1,
+                 producer: str = "test-app") -> None:
+        self.cluster = cluster
+        self.tables = tables
+        self.rng = random.Random(seed)
+        self.producer = producer
+        self.ts = TS(cluster.tso_addrs, cluster.cluster_id)
+        self.acked: list[Acked] = []
+        self.declared: set[int] = set()
+        self._stubs: dict[str, tuple[grpc.Channel, pbg.PumpStub]] = {}
+        self._next_id = 0
+
+    def stub(self, pump: str) -> pbg.PumpStub:
+        if pump not in self._stubs:
+            self._stubs[pump] = self.cluster.pumps[pump].stub()
+        return self._stubs[pump][1]
+
+    def forget(self, pump: str) -> None:
+        """Drop a cached channel (after the pump was restarted)."""
+        entry = self._stubs.pop(pump, None)
+        if entry is not None:
+            entry[0].close()
+
+    def _write(self, pump: str, payloads: list[bytes]) -> None:
+        self.stub(pump).WriteBinlogs(pb.WriteBinlogsReq(cluster_id=self.cluster.cluster_id,
+                                                        payloads=payloads), timeout=30)
+
+    def declare(self, pump: str) -> list[Acked]:
+        """One transaction declaring every table not yet declared (schema snapshots)."""
+        infos = [t for t in self.tables if t.table_id not in self.declared]
+        value = pb.PrewriteValue(schema_version=1, schema_snapshots=infos)
+        acked = self._commit_group([(pump, value, "", ())])
+        self.declared.update(t.table_id for t in infos)
+        return acked
+
+    def _random_txn(self) -> tuple[pb.PrewriteValue, str, tuple[tuple[str, int, str], ...]]:
+        from sluice.core.rowcodec import python_to_datum
+        t = self.rng.choice(self.tables)
+        rows = []
+        changes = []
+        for _ in range(self.rng.randint(1, 3)):
+            self._next_id += 1
+            v = f"v{self.rng.randrange(10**6)}"
+            rows.append(("c", self._next_id, v))
+            changes.append(pb.RowChange(tp=pb.INSERT, after=pb.Row(columns=[
+                python_to_datum(self._next_id), python_to_datum(v)])))
+        value = pb.PrewriteValue(schema_version=1, mutations=[pb.TableMutation(
+            table_id=t.table_id, schema_name=t.schema_name, table_name=t.table_name,
+            table_version=1, changes=changes)])
+        return value, f"{t.schema_name}.{t.table_name}", tuple(rows)
+
+    def write(self, n: int, pumps: list[str], group: int = 500) -> list[Acked]:
+        """n random transactions spread over pumps, in groups written with one RPC per pump."""
+        out: list[Acked] = []
+        while n > 0:
+            k = min(group, n)
+            n -= k
+            txns = []
+            for _ in range(k):
+                value, table, rows = self._random_txn()
+                txns.append((self.rng.choice(pumps), value, table, rows))
+            out += self._commit_group(txns)
+        return out
+
+    def _commit_group(self, txns: list[tuple[str, pb.PrewriteValue, str, Any]]) -> list[Acked]:
+        from .binlogs import commit, prewrite
+        first = self.ts.get(len(txns))
+        starts = list(range(first, first + len(txns)))
+        by_pump: dict[str, list[bytes]] = {}
+        for (pump, value, _, _), s in zip(txns, starts):
+            by_pump.setdefault(pump, []).append(
+                prewrite(s, value.SerializeToString(), producer=self.producer))
+        for pump, payloads in by_pump.items():
+            self._write(pump, payloads)
+        # commit_ts only after every prewrite was acknowledged (DESIGN §2.2), in random order.
+        c0 = self.ts.get(len(txns))
+        commit_ts = list(range(c0, c0 + len(txns)))
+        self.rng.shuffle(commit_ts)
+        by_pump = {}
+        acked = []
+        for (pump, _, table, rows), s, c in zip(txns, starts, commit_ts):
+            by_pump.setdefault(pump, []).append(commit(s, c, producer=self.producer))
+            acked.append(Acked(s, c, pump, table, rows))
+        for pump, payloads in by_pump.items():
+            self._write(pump, payloads)
+        self.acked += acked
+        return acked
+
+    def close(self) -> None:
+        for ch, _ in self._stubs.values():
+            ch.close()
+        self._stubs.clear()
+        self.ts.close()
+
+
+def read_file_sink(out_dir: Path) -> list[dict[str, Any]]:
+    """Every transaction in a file sink's output, in file order: {commit_ts, id, rows: [...]}."""
+    txns: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    files = sorted(p for p in out_dir.glob("binlog-*.jsonl"))
+    for path in files:
+        for line in path.read_text().splitlines():
+            ev = json.loads(line)
+            status = ev.get("status")
+            if status == "BEGIN":
+                assert current is None, f"BEGIN inside a transaction in {path.name}"
+                current = {"commit_ts": ev["commit_ts"], "id": ev["id"], "rows": []}
+            elif status == "END":
+                assert current is not None and current["id"] == ev["id"], f"unmatched END in {path.name}"
+                assert ev["event_count"] == len(current["rows"])
+                txns.append(current)
+                current = None
+            elif "op" in ev:
+                assert current is not None, f"row outside a transaction in {path.name}"
+                src = ev["source"]
+                assert src["commit_ts"] == current["commit_ts"]
+                assert ev["transaction"]["id"] == current["id"]
+                current["rows"].append((f"{src['db']}.{src['table']}", ev["op"],
+                                        ev["after"]["id"], ev["after"]["v"]))
+    assert current is None, "the output ends inside a transaction"
+    return txns
+
+
+def check_exactly_once(out_dir: Path, acked: list[Acked]) -> list[dict[str, Any]]:
+    """The file sink holds each acked data transaction exactly once, in commit order, with its
+    start_ts as id, its commit_ts and its rows; returns what was read."""
+    got = read_file_sink(out_dir)
+    cts = [t["commit_ts"] for t in got]
+    assert cts == sorted(cts), "file sink is not in commit order"
+    assert len(set(cts)) == len(cts), "a transaction appears twice"
+    want = {a.commit_ts: a for a in acked if a.rows}
+    by_ct = {t["commit_ts"]: t for t in got}
+    missing = sorted(set(want) - set(by_ct))
+    assert not missing, f"{len(missing)} acked transactions missing, first {missing[:5]}"
+    for ct, a in want.items():
+        t = by_ct[ct]
+        assert t["id"] == str(a.start_ts)
+        assert t["rows"] == [(a.table, op, i, v) for op, i, v in a.rows]
+    return got

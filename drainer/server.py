@@ -1,0 +1,632 @@
+"""`sluice drainer`: merge every pump's stream by commit_ts and apply it to one sink.
+
+Start-up order (DESIGN §2.4, §2.6): load the checkpoint (or start at `initial-commit-ts`; -1 is a
+fresh TSO ts) → open the sink and save a checkpoint at once → serve Cistern.Notify (and the merged
+stream for the grpc sink) → register status online (with the checkpoint) and the alive key → list
+pumps at revision R, watch from R+1 → one reader per pump from the checkpoint.
+
+Invariant: the saved checkpoint never runs ahead of the sink — a checkpoint is written only after
+`sink.flush()`, with the sink's durable commit_ts (or the merge watermark read before that flush,
+when everything emitted up to it had been applied), and the producer positions saved with it are
+those of the transactions at or below it. So a restart from it (kill -9 anywhere) loses nothing
+and, with a sink that truncates to its checkpoint state (file), doubles nothing.
+
+One task owns the merge and the sink (`_merge_loop`): it pops commit-ordered transactions,
+records their schema effects, applies them, saves checkpoints every `checkpoint-interval`, and
+performs state changes asked for through the registry (pausing → paused, closing → offline).
+Readers and the Notify handler only push into the merge; removals follow discovery's rules.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import logging
+import operator
+import signal
+import time
+from typing import Any
+
+from sluice.core import config as cfg
+from sluice.core import errors, failpoint, grpcutil
+from sluice.core import log as logsetup
+from sluice.core import ts as tsmod
+from sluice.core.etcd import Etcd
+from sluice.core.position import is_empty
+from sluice.core.registry import NodeInfo, NodeKind, NodeState, NodeStatus, Registry
+from sluice.core.tso_client import TSOClient
+from sluice.drainer.checkpoint import CheckpointStore, decode_positions, encode_positions
+from sluice.drainer.config import DrainerConfig
+from sluice.drainer.discovery import Discovery, is_lost, wants_merge
+from sluice.drainer.merger import Merger, UnknownSource
+from sluice.drainer.metrics import DrainerMetrics
+from sluice.drainer.reader import PumpReader, run_guarded
+from sluice.drainer.service import CisternService, DrainerService
+from sluice.drainer.sink import Checkpoint, Sink, load_sink
+from sluice.drainer.txn import CorruptTxn, SchemaHistory, Txn
+from sluice.proto import sluice_pb2 as pb
+from sluice.proto import sluice_pb2_grpc as pbg
+
+log = logging.getLogger(__name__)
+
+_payload = operator.itemgetter(5)   # a merge item's stored binlogs: prewrite part(s), commit
+
+# How far ahead of the batch being dispatched dispatched_upper is raised, in physical ms: one
+# checkpoint write per this much ts instead of one per batch (DESIGN §6 safe mode).
+DISPATCH_AHEAD_MS = 10_000
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sluice.ctl.main import add_process_arguments
+    add_process_arguments(p)
+    p.add_argument("--addr", help="listen address host:port (overrides addr)")
+    p.add_argument("--name", help="drainer name / node id (overrides name)")
+    p.add_argument("--etcd", help="etcd endpoints (overrides etcd)")
+    p.add_argument("--initial-commit-ts", type=int,
+                   help="start here when no checkpoint is saved (-1: now)")
+
+
+def load_config(args: argparse.Namespace) -> DrainerConfig:
+    overrides = list(args.overrides)
+    for flag, key in (("addr", "addr"), ("name", "name"), ("etcd", "etcd")):
+        value = getattr(args, flag, None)
+        if value:
+            overrides.append(f'{key}="{value}"')
+    if getattr(args, "initial_commit_ts", None) is not None:
+        overrides.append(f"initial-commit-ts={args.initial_commit_ts}")
+    return cfg.load(DrainerConfig, args.config, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    logsetup.setup(args.log_level, args.log_file)
+    check_prerequisites(config)
+    return asyncio.run(DrainerServer(config).run_forever())
+
+
+def check_prerequisites(config: DrainerConfig) -> None:
+    etcd = Etcd(config.etcd, config.security, timeout=3)
+    try:
+        etcd.revision()
+    except errors.EtcdUnavailable as e:
+        raise errors.ConfigError(f"etcd {config.etcd}: unreachable ({e}); start etcd or fix "
+                                 "the `etcd` key") from None
+    finally:
+        etcd.close()
+
+
+class _Stopped(Exception):
+    """The drainer went offline (closing -> offline): the process exits 0."""
+
+
+class DrainerServer:
+    def __init__(self, config: DrainerConfig) -> None:
+        self.config = config
+        self.name = config.resolved_name()
+        self.addr = config.resolved_advertise()
+        self.etcd = Etcd(config.etcd, config.security)
+        self.registry = Registry(self.etcd, config.cluster_id)
+        self.store = CheckpointStore(self.registry, self.name)
+        self.metrics = DrainerMetrics(self)
+        self.schema = SchemaHistory()
+        self.sink: Sink | None = None
+        self.merger: Merger | None = None
+        self.discovery: Discovery | None = None
+        self.readers: dict[str, tuple[PumpReader, asyncio.Task[None]]] = {}
+        self.pump_status: dict[str, NodeStatus] = {}
+        self.cp = Checkpoint(0)             # last saved checkpoint
+        self.durable_ts = 0
+        self.state = "starting"
+        self.binlogs_out = 0
+        self.txns_out = 0
+        self._txns_at_save = 0
+        self._heartbeat: Any = None
+        self._raw = False                   # the sink takes RawTxn batches (grpc)
+        self._follows_merge = True
+        self._want_schema = False
+        self._applied_positions: dict[str, pb.Position] = {}
+        self._position_log: collections.deque[tuple[int, str, pb.Position]] = collections.deque()
+        self._data = asyncio.Event()
+        self._room = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._request: str | None = None     # "pause" | "close" | "resume", done by the merge loop
+        self._fatal: BaseException | None = None
+        self._side_tasks: set[asyncio.Task[Any]] = set()
+
+    # -- start --------------------------------------------------------------------------------
+
+    async def _initial_checkpoint(self) -> Checkpoint:
+        cp = await asyncio.to_thread(self.store.load)
+        if cp is not None:
+            log.info("drainer %s resumes from its checkpoint %d (%s)", self.name, cp.commit_ts,
+                     tsmod.to_datetime(cp.commit_ts).isoformat() if cp.commit_ts else "start")
+            return cp
+        start = self.config.initial_commit_ts
+        if start == -1:
+            tso = TSOClient(self.config.tso or None, self.config.cluster_id, etcd=self.etcd,
+                            security=self.config.security)
+            try:
+                start = await tso.get_ts()
+            finally:
+                await tso.close()
+        log.info("drainer %s has no checkpoint: starting after ts %d", self.name, start)
+        return Checkpoint(start)
+
+    async def _register(self) -> NodeState:
+        """Register status online (or finish a pausing/closing left by a crash); start alive."""
+        info = await asyncio.to_thread(self.registry.get, NodeKind.DRAINER, self.name)
+        ckpt = self.durable_ts
+        if info is not None and info.state == NodeState.OFFLINE:
+            raise errors.ConfigError(
+                f"drainer {self.name} is offline in the registry: pumps no longer keep binlogs "
+                "for it; start it under a new name")
+        target = NodeState.ONLINE
+        if info is not None and info.state == NodeState.PAUSING:
+            target = NodeState.PAUSED
+        elif info is not None and info.state == NodeState.CLOSING:
+            target = NodeState.OFFLINE
+        if info is None:
+            await asyncio.to_thread(self.registry.register, NodeStatus(
+                node_id=self.name, kind=NodeKind.DRAINER, addr=self.addr, state=target,
+                checkpoint=ckpt))
+        else:
+            def to_target(old: NodeStatus) -> NodeStatus:
+                return dataclasses.replace(old, addr=self.addr, state=target, checkpoint=ckpt)
+            await asyncio.to_thread(self.registry.update, NodeKind.DRAINER, self.name, to_target)
+        if target != NodeState.OFFLINE:
+            self._heartbeat = self.registry.heartbeat(NodeKind.DRAINER, self.name,
+                                                      self.config.alive_ttl)
+            await asyncio.to_thread(self._heartbeat.start)
+        log.info("drainer %s registered %s at %s (checkpoint %d)", self.name, target.value,
+                 self.addr, ckpt)
+        return target
+
+    def _new_merger(self) -> None:
+        positions = decode_positions(self.cp.positions)
+        self._applied_positions = dict(positions)
+        self._position_log.clear()
+        self.merger = Merger(self.durable_ts, positions, self.config.dedupe_window)
+
+    async def run_forever(self) -> int:
+        loop = asyncio.get_running_loop()
+        cp = await self._initial_checkpoint()
+        self.cp, self.durable_ts = cp, cp.commit_ts
+        if cp.schema is not None:
+            self.schema = SchemaHistory.from_bytes(cp.schema)
+        self.sink = load_sink(self.config.sink, self.config.to, schema=self.schema,
+                              source_name=self.config.source_name, drainer_name=self.name,
+                              cluster_id=self.config.cluster_id, epoch=0)
+        self._raw = bool(getattr(self.sink, "accepts_raw", False))
+        self._follows_merge = bool(getattr(self.sink, "checkpoint_follows_merge", True))
+        self._want_schema = cp.schema is None and not self._raw
+        await self.sink.open(cp)
+        sc = self.sink.checkpoint()
+        self.cp = dataclasses.replace(cp, sink_state=sc.sink_state)
+        await asyncio.to_thread(self.store.save, self.cp)
+        self._new_merger()
+
+        server = grpcutil.aio_server(self.config.security)
+        pbg.add_CisternServicer_to_server(CisternService(self), server)
+        pbg.add_DrainerServicer_to_server(DrainerService(self), server)
+        grpcutil.add_port(server, self.config.addr, self.config.security)
+        await server.start()
+        self.metrics.serve(self.config.metrics_addr)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        tasks: list[asyncio.Task[Any]] = []
+        code = 0
+        try:
+            target = await self._register()
+            if target == NodeState.OFFLINE:
+                log.info("drainer %s was closing when it stopped: now offline", self.name)
+                return 0
+            await failpoint.ainject("drainer-between-register-and-list")
+            self.discovery = Discovery(self.registry, loop, self._on_pump_change)
+            nodes = await asyncio.to_thread(self.discovery.start)
+            if target == NodeState.PAUSED:
+                self.state = NodeState.PAUSED.value
+                self.merger = None
+                log.info("drainer %s was pausing when it stopped: now paused", self.name)
+            else:
+                self.state = NodeState.ONLINE.value
+                for n in nodes:
+                    self.pump_status[n.node_id] = n.status
+                    if wants_merge(n.status, self.durable_ts):
+                        self._add_pump(n.node_id, n.status.addr, self.durable_ts)
+            log.info("drainer %s online: merging %d pump(s) after ts %d", self.name,
+                     len(self.readers), self.durable_ts)
+            tasks = [asyncio.create_task(c, name=n) for n, c in (
+                ("merge", self._merge_loop()),
+                ("status", self._status_loop()),
+                ("metrics", self.metrics.loop()),
+            )]
+            stopper = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if stopper in done:
+                # The merge loop owns the sink: it flushes and saves the final checkpoint itself
+                # (cancelling it mid-apply could leave a batch written but not accounted for).
+                self._request = "stop"
+                self._data.set()
+                self._room.set()
+                done = {tasks[0]}
+                await asyncio.wait(done)
+            for t in done:
+                if t is not stopper and t.exception() is not None:
+                    exc = t.exception()
+                    if isinstance(exc, _Stopped):
+                        return 0
+                    raise exc  # type: ignore[misc]
+            return code
+        finally:
+            log.info("drainer %s stopping", self.name)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._stop_readers()
+            for t in list(self._side_tasks):
+                t.cancel()
+            if self.discovery is not None:
+                await asyncio.to_thread(self.discovery.stop)
+            await server.stop(grace=0.5)
+            if self.sink is not None:
+                try:
+                    await self.sink.close()
+                except Exception as e:  # noqa: BLE001 - closing after a failure: report, go on
+                    log.warning("sink close failed: %s", e)
+            if self._heartbeat is not None:
+                await asyncio.to_thread(self._heartbeat.stop)
+            self.etcd.close()
+
+    # -- pumps in the merge -------------------------------------------------------------------
+
+    def _add_pump(self, pump_id: str, addr: str, after: int) -> None:
+        if self.merger is None or not self.merger.add_source(pump_id, after):
+            return
+        reader = PumpReader(
+            pump_id, addr, after, self, cluster_id=self.config.cluster_id,
+            consumer_id=self.name, security=self.config.security,
+            with_schema=self._want_schema, skip_corrupt=self.config.skip_corrupt,
+            max_backoff=self.config.reconnect_max_backoff,
+            on_event=self.metrics.on_reader_event)
+        task = asyncio.create_task(run_guarded(reader, self._reader_failed), name=f"reader-{pump_id}")
+        self.readers[pump_id] = (reader, task)
+        log.info("pump %s (%s) joined the merge after ts %d", pump_id, addr, after)
+
+    async def _remove_pump(self, pump_id: str, why: str) -> None:
+        entry = self.readers.pop(pump_id, None)
+        if self.merger is not None:
+            self.merger.remove_source(pump_id)
+        if entry is not None:
+            entry[1].cancel()
+            await asyncio.gather(entry[1], return_exceptions=True)
+            log.info("pump %s left the merge: %s", pump_id, why)
+        self._data.set()
+
+    async def _stop_readers(self) -> None:
+        entries = list(self.readers.values())
+        self.readers.clear()
+        for _, task in entries:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in entries), return_exceptions=True)
+
+    def _reader_failed(self, pump_id: str, e: BaseException) -> None:
+        log.error("pump %s reader stopped: %s", pump_id, e)
+        if self._fatal is None:
+            self._fatal = e
+        self._data.set()
+
+    def _on_pump_change(self, pump_id: str, info: NodeInfo | None) -> None:
+        if info is not None:
+            self.pump_status[pump_id] = info.status
+            reader = self.readers.get(pump_id)
+            if reader is not None and info.status.addr and reader[0].addr != info.status.addr:
+                log.info("pump %s moved to %s", pump_id, info.status.addr)
+                reader[0].addr = info.status.addr
+        self._spawn(self._reconcile(pump_id, deleted=info is None))
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.create_task(coro)
+        self._side_tasks.add(t)
+        t.add_done_callback(self._side_tasks.discard)
+
+    async def _reconcile(self, pump_id: str, deleted: bool = False) -> None:
+        """Add or remove one pump per discovery's rules (removals on a fresh read)."""
+        if self.merger is None or self.state != NodeState.ONLINE.value:
+            return
+        status = self.pump_status.get(pump_id)
+        in_merge = pump_id in self.readers
+        if status is not None and not deleted and wants_merge(status, self.durable_ts):
+            if not in_merge:
+                self._add_pump(pump_id, status.addr, self.merger.merge_watermark)
+            return
+        if not in_merge:
+            return
+        try:
+            fresh = await asyncio.to_thread(self.discovery.fresh, pump_id)  # type: ignore[union-attr]
+        except errors.SluiceError as e:
+            log.warning("cannot re-read pump %s before removing it: %s", pump_id, e)
+            return
+        if fresh is not None:
+            self.pump_status[pump_id] = fresh.status
+            if wants_merge(fresh.status, self.durable_ts):
+                return
+            st = fresh.status
+            why = ("marked lost" if is_lost(st) else
+                   f"{st.state.value} with final ts {st.max_commit_ts} <= durable checkpoint "
+                   f"{self.durable_ts}")
+        else:
+            why = "its registry entry was deleted"
+        if pump_id in self.readers:
+            await self._remove_pump(pump_id, why)
+
+    async def on_notify(self, pump_id: str, addr: str) -> None:
+        """Cistern.Notify: the pump joins the merge before we reply (it writes only after)."""
+        old = self.pump_status.get(pump_id)
+        self.pump_status[pump_id] = NodeStatus(
+            node_id=pump_id, kind=NodeKind.PUMP, addr=addr, state=NodeState.ONLINE,
+            max_commit_ts=old.max_commit_ts if old else 0)
+        if self.merger is None:
+            # Paused or not started: the list that follows going online will find the pump.
+            log.info("pump %s notified while this drainer is %s", pump_id, self.state)
+            return
+        reader = self.readers.get(pump_id)
+        if reader is not None:
+            reader[0].addr = addr
+            return
+        self._add_pump(pump_id, addr, self.merger.merge_watermark)
+
+    # -- ReaderTarget -------------------------------------------------------------------------
+
+    def deliver(self, pump_id: str, items: list[tuple], watermark: int) -> None:
+        m = self.merger
+        if m is None:
+            return
+        try:
+            if items:
+                m.push_many(pump_id, items)
+            m.advance(pump_id, watermark)
+        except UnknownSource:
+            return
+        self._data.set()
+
+    async def wait_room(self, pump_id: str) -> None:
+        limit = self.config.reader_queue
+        while True:
+            m = self.merger
+            if m is None:
+                return
+            try:
+                if m.pending(pump_id) < limit:
+                    return
+            except UnknownSource:
+                return
+            self._room.clear()
+            await self._room.wait()
+
+    def record_schema(self, txn: Txn) -> None:
+        self.schema.apply(txn)
+
+    # -- services -----------------------------------------------------------------------------
+
+    def grpc_sink(self) -> Any:
+        return self.sink if self.sink is not None and hasattr(self.sink, "serve") else None
+
+    def wake(self) -> None:
+        self._data.set()
+
+    # -- the merge loop -----------------------------------------------------------------------
+
+    def _sink_has_room(self) -> bool:
+        has_room = getattr(self.sink, "has_room", None)
+        return has_room() if has_room is not None else True
+
+    async def _merge_loop(self) -> None:
+        interval = self.config.checkpoint_interval
+        next_save = time.monotonic() + interval
+        batch = self.config.txn_batch
+        advance = getattr(self.sink, "advance", None)
+        while True:
+            if self._fatal is not None:
+                raise self._fatal
+            if self._request is not None:
+                await self._handle_request()
+                next_save = time.monotonic() + interval
+                continue
+            m = self.merger
+            applied = False
+            room = True
+            if m is not None:
+                room = self._sink_has_room()
+                if room:
+                    items = m.pop_ready(limit=batch)
+                    if items:
+                        self._room.set()
+                        await self._apply(items)
+                        applied = True
+                    if advance is not None:
+                        advance(m.merge_watermark)
+            now = time.monotonic()
+            if now >= next_save:
+                if m is not None:
+                    await self._save_checkpoint()
+                next_save = time.monotonic() + interval
+                continue
+            if applied:
+                continue
+            timeout = next_save - now
+            if not room:
+                await self.sink.wait_room(timeout)  # type: ignore[union-attr]
+                continue
+            self._data.clear()
+            try:
+                await asyncio.wait_for(self._data.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _apply(self, items: list[Any]) -> None:
+        sink = self.sink
+        assert sink is not None
+        bad: CorruptTxn | None = None
+        if self._raw:
+            # (commit_ts, start_ts, binlogs): RawTxn's fields, built as plain tuples (cheaper).
+            batch = [(it[0], it[1], it[5]) for it in items]
+            await self._raise_dispatched(items[-1][0])
+            sink.apply_raw(batch)  # type: ignore[attr-defined]
+            applied = items
+            nbin = sum(map(len, map(_payload, items)))
+        else:
+            txns: list[Txn] = []
+            applied = []
+            nbin = 0
+            schema = self.schema
+            for it in items:
+                payload = it[5]
+                try:
+                    txn = Txn.from_binlogs(payload[:-1], payload[-1], it[2])
+                except CorruptTxn as e:
+                    if self.config.skip_corrupt:
+                        self.metrics.on_reader_event(it[2], "skipped")
+                        log.error("skip-corrupt is set: dropping %s", e)
+                        continue
+                    bad = e
+                    break
+                pv = txn.prewrite
+                if pv.schema_snapshots or pv.HasField("ddl"):
+                    schema.apply(txn)
+                txns.append(txn)
+                applied.append(it)
+                nbin += len(payload)
+            if txns:
+                await self._raise_dispatched(txns[-1].commit_ts)
+                await sink.apply(txns)
+        for it in applied:
+            pos = it[4]
+            if pos is not None and not is_empty(pos):
+                self._position_log.append((it[0], it[3], pos))
+        self.txns_out += len(applied)
+        self.binlogs_out += nbin
+        self.metrics.txns.inc(len(applied))
+        self.metrics.binlogs.inc(nbin)
+        await failpoint.ainject("drainer-after-apply")
+        if bad is not None:
+            # Everything before the bad transaction is applied: make it durable and say where
+            # the drainer stopped, so nothing is half-written and the restart point is exact.
+            await self._save_checkpoint(follow_merge=False)
+            raise errors.SluiceError(f"drainer {self.name} stopped: {bad} (everything before it "
+                                     f"is applied, checkpoint {self.durable_ts}; set "
+                                     "skip-corrupt = true to drop such transactions)")
+
+    async def _raise_dispatched(self, commit_ts: int) -> None:
+        """Persist dispatched_upper >= commit_ts before the sink sees it (DESIGN §6 safe mode)."""
+        if commit_ts <= self.cp.dispatched_upper:
+            return
+        upper = tsmod.compose(tsmod.physical_ms(commit_ts) + DISPATCH_AHEAD_MS)
+        cp = dataclasses.replace(self.cp, dispatched_upper=upper)
+        await asyncio.to_thread(self.store.save, cp)
+        self.cp = cp
+
+    def _positions_at(self, ts: int) -> dict[str, pb.Position]:
+        plog, base = self._position_log, self._applied_positions
+        while plog and plog[0][0] <= ts:
+            _, producer, pos = plog.popleft()
+            base[producer] = pos
+        return base
+
+    async def _save_checkpoint(self, follow_merge: bool = True) -> None:
+        sink = self.sink
+        assert sink is not None
+        # Read before the flush: everything emitted up to it has been applied, and the flush
+        # makes it durable. Later emissions are not covered by this flush.
+        w = self.merger.merge_watermark if self.merger is not None else self.durable_ts
+        await sink.flush()
+        if self.txns_out != self._txns_at_save:
+            # Between the sink write and the checkpoint, when there is something to lose.
+            await failpoint.ainject("drainer-before-checkpoint-save")
+        self._txns_at_save = self.txns_out
+        sc = sink.checkpoint()
+        commit_ts = sc.commit_ts
+        if follow_merge and self._follows_merge:
+            commit_ts = max(commit_ts, w)
+        if commit_ts < self.durable_ts:
+            log.warning("sink reported checkpoint %d below the saved %d; keeping the saved one",
+                        commit_ts, self.durable_ts)
+            commit_ts = self.durable_ts
+        positions = self._positions_at(commit_ts)
+        self.schema.prune(commit_ts)
+        cp = Checkpoint(commit_ts=commit_ts, positions=encode_positions(positions),
+                        sink_state=sc.sink_state, schema=None if self._raw else self.schema.to_bytes(),
+                        dispatched_upper=max(self.cp.dispatched_upper, commit_ts))
+        if cp != self.cp:
+            await asyncio.to_thread(self.store.save, cp)
+            self.metrics.on_checkpoint(commit_ts)
+        self.cp, self.durable_ts = cp, commit_ts
+        for pump_id, st in list(self.pump_status.items()):
+            if pump_id in self.readers and not wants_merge(st, commit_ts):
+                await self._reconcile(pump_id)
+
+    # -- own state (pausing / closing / resume) ------------------------------------------------
+
+    async def _status_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.status_poll_interval)
+            try:
+                info = await asyncio.to_thread(self.registry.get, NodeKind.DRAINER, self.name)
+            except errors.EtcdUnavailable as e:
+                log.warning("registry unavailable: %s", e)
+                continue
+            if info is None:
+                continue
+            want = info.state
+            if want == NodeState.PAUSING and self.state == NodeState.ONLINE.value:
+                self._ask("pause")
+            elif want == NodeState.CLOSING and self.state != NodeState.OFFLINE.value:
+                self._ask("close")
+            elif want == NodeState.ONLINE and self.state == NodeState.PAUSED.value:
+                self._ask("resume")
+
+    def _ask(self, what: str) -> None:
+        if self._request is None:
+            self._request = what
+            self._data.set()
+            self._room.set()
+
+    async def _handle_request(self) -> None:
+        what, self._request = self._request, None
+        if what == "stop":
+            if self.merger is not None:
+                await self._stop_readers()
+                await self._save_checkpoint()
+            log.info("drainer %s stopped at checkpoint %d", self.name, self.durable_ts)
+            raise _Stopped()
+        if what in ("pause", "close"):
+            if self.merger is not None:
+                await self._stop_readers()
+                await self._save_checkpoint()
+                self.merger = None
+            done = NodeState.PAUSED if what == "pause" else NodeState.OFFLINE
+            ckpt = self.durable_ts
+
+            def finish(old: NodeStatus) -> NodeStatus:
+                return dataclasses.replace(old, state=done, checkpoint=ckpt)
+            try:
+                await asyncio.to_thread(self.registry.update, NodeKind.DRAINER, self.name, finish)
+            except errors.IllegalTransition as e:
+                # Changed again meanwhile (e.g. set online): the status loop sees the new state.
+                log.warning("drainer %s: %s; state left as it is", self.name, e)
+            self.state = done.value
+            log.info("drainer %s %s at checkpoint %d", self.name, done.value, ckpt)
+            if done == NodeState.OFFLINE:
+                raise _Stopped()
+            self._room.set()
+        elif what == "resume" and self.state == NodeState.PAUSED.value:
+            self._new_merger()
+            self.state = NodeState.ONLINE.value
+            nodes, _ = await asyncio.to_thread(self.registry.list, NodeKind.PUMP)
+            for n in nodes:
+                self.pump_status[n.node_id] = n.status
+                if wants_merge(n.status, self.durable_ts):
+                    self._add_pump(n.node_id, n.status.addr, self.durable_ts)
+            log.info("drainer %s resumed after ts %d with %d pump(s)", self.name,
+                     self.durable_ts, len(self.readers))
