@@ -1,0 +1,37 @@
+"""Capture metrics (Prometheus, one registry per process) and the one-log-line-per-state rule.
+
+Invariant: every state change of the capture (connected, streaming, reconnecting, failed) is
+logged exactly once, when it happens, and reflected in `sluice_capture_state`.
+"""
+from __future__ import annotations
+
+import logging
+
+from sluice.core.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+STATES = ("starting", "connected", "streaming", "reconnecting", "failed", "stopped")
+
+
+class CaptureMetrics:
+    def __init__(self) -> None:
+        m = self.metrics = Metrics()
+        self.state = m.gauge("capture_state", "1 for the capture's current state", ("state",))
+        self.lag = m.gauge("capture_source_lag_seconds",
+                           "now - source commit time of the last transaction read (0 when idle)")
+        self.txns = m.counter("capture_transactions_total", "source transactions committed to pumps")
+        self.groups = m.counter("capture_groups_total", "groups committed to pumps")
+        self.rows = m.counter("capture_rows_total", "row changes committed to pumps")
+        self.group_seconds = m.histogram("capture_group_seconds", "prewrite to commit ack per group",
+                                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        self._current = ""
+
+    def set_state(self, state: str, **fields: object) -> None:
+        if state == self._current:
+            return
+        for s in STATES:
+            self.state.labels(s).set(1 if s == state else 0)
+        self._current = state
+        level = logging.ERROR if state == "failed" else logging.INFO
+        log.log(level, "capture %s", state, extra={"fields": fields} if fields else None)

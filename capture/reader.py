@@ -1,0 +1,400 @@
+"""Reading a MariaDB binlog (GTID auto-position) into whole source transactions.
+
+Invariant: a rows event is decoded only against a TableMap seen earlier in the same transaction;
+a rows event whose table_id has no TableMap there is fatal (UnknownTableId, naming the
+transaction's GTID and position), never skipped. The resume position of every transaction is its
+first event (the GTID event).
+
+mysql-replication silently drops a rows event whose table_id it has no TableMap for (its
+RowsEvent catches the KeyError and marks itself unprocessed). We close that hole where it
+happens: `StrictBinLogStreamReader.table_map` is a property whose dict raises UnknownTableId from
+`__missing__` (not a KeyError, so the library's `except KeyError` does not swallow it), and the
+property re-wraps the plain `{}` the library assigns at every rotate. On top of that the
+Assembler keeps its own per-transaction TableMap cache, cleared at XID / COMMIT / a standalone
+DDL, and raises the same error if a rows event is not in it. The library's cache is cleared at the
+same points, so both agree that a TableMap lives for one transaction.
+
+Transaction boundaries on MariaDB: a GTID event starts every event group (there is no BEGIN query
+event); a transactional group ends with an XID event, a non-transactional one (MyISAM rows) with a
+`COMMIT` query event, and a standalone group (flag FL_STANDALONE: DDL) with its single query event.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (FormatDescriptionEvent, HeartbeatLogEvent, MariadbGtidEvent,
+                                      MariadbGtidListEvent, QueryEvent, RotateEvent, XidEvent)
+from pymysqlreplication.row_event import (DeleteRowsEvent, TableMapEvent, UpdateRowsEvent,
+                                          WriteRowsEvent)
+
+from sluice.capture.schema import SchemaTracker, TableEntry, version_of
+from sluice.capture.types import UndecodableRow
+from sluice.core.errors import SluiceError
+from sluice.proto import sluice_pb2 as pb
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+_FILE_SEQ = re.compile(r"\.(\d+)$")
+_FL_STANDALONE = 1
+_HARMLESS = re.compile(r"^\s*(SAVEPOINT|ROLLBACK\s+TO|RELEASE\s+SAVEPOINT|FLUSH|GRANT|REVOKE|"
+                       r"CREATE\s+USER|DROP\s+USER|ALTER\s+USER|RENAME\s+USER|SET\s|ANALYZE|OPTIMIZE|"
+                       r"REPAIR|CREATE\s+(OR\s+REPLACE\s+)?(DEFINER|VIEW|FUNCTION|PROCEDURE|TRIGGER|EVENT"
+                       r"|SEQUENCE|ROLE|SERVER)|DROP\s+(VIEW|FUNCTION|PROCEDURE|TRIGGER|EVENT|"
+                       r"SEQUENCE|ROLE|SERVER)|ALTER\s+(VIEW|FUNCTION|PROCEDURE|EVENT|SEQUENCE)|"
+                       r"XA\s|INSTALL|UNINSTALL|CHECK|CHECKSUM)", re.IGNORECASE)
+_DML = re.compile(r"^\s*(INSERT|UPDATE|DELETE|REPLACE|LOAD\s+DATA)\b", re.IGNORECASE)
+
+
+class UnknownTableId(SluiceError):
+    """A rows event for a table_id with no TableMap in its transaction: never skipped."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+    def __init__(self, table_id: int, where: str) -> None:
+        super().__init__(f"rows event for table_id {table_id} without a TableMap in its "
+                         f"transaction ({where}): the binlog stream is inconsistent; refusing to "
+                         "skip rows")
+        self.table_id = table_id
+
+
+class BinlogProtocolError(SluiceError):
+    """Events that do not form transactions as expected (missing end, statement-format DML)."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class SourceDisconnected(SluiceError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+def file_seq_of(name: str) -> int:
+    m = _FILE_SEQ.search(name)
+    return int(m.group(1)) if m else 0
+
+
+def gtid_state_text(gtids: Any) -> str:
+    """pb GtidPos list -> MariaDB slave_connect_state text ("0-1-99,1-2-5")."""
+    return ",".join(f"{g.domain_id}-{g.server_id}-{g.seq_no}" for g in gtids)
+
+
+def parse_gtid_state(text: str) -> dict[int, tuple[int, int]]:
+    out: dict[int, tuple[int, int]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        d, s, n = (int(x) for x in part.split("-"))
+        out[d] = (s, n)
+    return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceTxn:
+    """One source transaction (event group) as read: what becomes one pump transaction."""
+
+    position: pb.Position            # its first event; gtids = GTID state after it
+    gtid: str
+    server_id: int
+    ts_ms: int
+    file: str
+    offset: int
+    mutations: tuple[pb.TableMutation, ...]
+    schema_snapshots: tuple[pb.TableInfo, ...]
+    ddls: tuple[pb.DDL, ...]
+    size: int                        # bytes of row events (grouping budget)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.mutations or self.schema_snapshots or self.ddls)
+
+    def prewrite_values(self, source_name: str) -> list[pb.PrewriteValue]:
+        """The PrewriteValue(s): one, or one per DDL when a statement acts on several tables."""
+        src = pb.SourceInfo(name=source_name, server_id=self.server_id, gtid=self.gtid,
+                            file=self.file, pos=self.offset, ts_ms=self.ts_ms)
+        if len(self.ddls) <= 1:
+            v = pb.PrewriteValue(mutations=self.mutations, schema_snapshots=self.schema_snapshots,
+                                 source=src)
+            if self.ddls:
+                v.ddl.CopyFrom(self.ddls[0])
+            return [v]
+        out = [pb.PrewriteValue(ddl=d, source=src) for d in self.ddls]
+        out[0].schema_snapshots.extend(self.schema_snapshots)
+        return out
+
+
+@dataclasses.dataclass
+class _Open:
+    gtid: str
+    domain: int
+    server_id: int
+    seq: int
+    standalone: bool
+    file: str
+    file_seq: int
+    offset: int
+    ts: int
+    mutations: list[pb.TableMutation] = dataclasses.field(default_factory=list)
+    snapshots: list[pb.TableInfo] = dataclasses.field(default_factory=list)
+    ddls: list[pb.DDL] = dataclasses.field(default_factory=list)
+    size: int = 0
+
+    def where(self) -> str:
+        return f"GTID {self.gtid} at {self.file}:{self.offset}"
+
+
+def _rows_body(ev: Any) -> bytes:
+    """The undecoded row images of a rows event (the library has read the header and bitmaps)."""
+    body = getattr(ev, "body", None)
+    if body is not None:        # synthetic events in tests
+        return body
+    pk = ev.packet
+    return pk.read(ev.event_size - pk.read_bytes)
+
+
+class Assembler:
+    """Events in, whole SourceTxn out. Pure logic over event objects (no I/O)."""
+
+    def __init__(self, tracker: SchemaTracker, gtid_state: dict[int, tuple[int, int]] | None = None,
+                 on_txn_end: Callable[[], None] | None = None) -> None:
+        self.tracker = tracker
+        self.gtid_state = dict(gtid_state or {})
+        self.file = ""
+        self.file_seq = 0
+        self.last_event_end = 0
+        self.last_event_ts = 0
+        self._txn: _Open | None = None
+        self._maps: dict[int, TableEntry] = {}
+        self._on_txn_end = on_txn_end or (lambda: None)
+
+    def where(self) -> str:
+        t = self._txn
+        base = t.where() if t is not None else f"outside any transaction in {self.file}"
+        return f"{base}, after the event ending at {self.file}:{self.last_event_end}"
+
+    def feed(self, ev: Any) -> SourceTxn | None:
+        pk = getattr(ev, "packet", None)
+        if pk is not None and getattr(pk, "log_pos", 0):
+            self.last_event_end = pk.log_pos
+        ts = getattr(ev, "timestamp", 0)
+        if ts:
+            self.last_event_ts = ts
+        if isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
+            self._rows(ev)
+            return None
+        if isinstance(ev, TableMapEvent):
+            t = self._need_txn("TableMap")
+            entry, declare = self.tracker.on_table_map(ev, version_of(t.file_seq, t.offset))
+            self._maps[ev.table_id] = entry
+            if declare is not None and all(s.table_id != declare.table_id for s in t.snapshots):
+                t.snapshots.append(declare)
+            return None
+        if isinstance(ev, MariadbGtidEvent):
+            if self._txn is not None:
+                raise BinlogProtocolError(f"GTID {ev.gtid} starts while {self._txn.where()} has not "
+                                          "ended (no XID/COMMIT seen)")
+            size = getattr(pk, "event_size", 0)
+            offset = (pk.log_pos - size) if pk is not None and pk.log_pos else 0
+            self._txn = _Open(gtid=ev.gtid, domain=ev.domain_id, server_id=ev.server_id,
+                              seq=ev.gtid_seq_no, standalone=bool(ev.flags & _FL_STANDALONE),
+                              file=self.file, file_seq=self.file_seq, offset=offset, ts=ev.timestamp)
+            return None
+        if isinstance(ev, XidEvent):
+            return self._finish()
+        if isinstance(ev, QueryEvent):
+            return self._query(ev)
+        if isinstance(ev, RotateEvent):
+            self.file, self.file_seq = ev.next_binlog, file_seq_of(ev.next_binlog)
+            return None
+        if isinstance(ev, FormatDescriptionEvent):
+            if self._txn is not None:
+                # The source restarted inside a group: it never committed, the server drops it.
+                log.warning("transaction cut by a source restart dropped",
+                            extra={"fields": {"at": self._txn.where()}})
+                self._reset_txn()
+            return None
+        return None   # GTID lists, checkpoints, heartbeats, annotations: no data
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def _need_txn(self, what: str) -> _Open:
+        if self._txn is None:
+            raise BinlogProtocolError(f"{what} event outside a transaction ({self.where()})")
+        return self._txn
+
+    def _rows(self, ev: Any) -> None:
+        t = self._need_txn("rows")
+        entry = self._maps.get(ev.table_id)
+        if entry is None:
+            raise UnknownTableId(ev.table_id, self.where())
+        body = _rows_body(ev)
+        t.size += len(body)
+        if entry.info is None or entry.decoder is None:
+            return   # a table outside the filter
+        dec = entry.decoder
+        if ev.number_of_columns != dec.ncols:
+            raise UndecodableRow(f"{dec.where}: rows event has {ev.number_of_columns} columns, its "
+                                 f"TableMap {dec.ncols} ({self.where()})")
+        changes: list[pb.RowChange] = []
+        pos, n = 0, len(body)
+        row = dec.row
+        try:
+            if isinstance(ev, UpdateRowsEvent):
+                dec.check_present(ev.columns_present_bitmap, "before")
+                dec.check_present(ev.columns_present_bitmap2, "after")
+                while pos < n:
+                    before, pos = row(body, pos)
+                    after, pos = row(body, pos)
+                    changes.append(pb.RowChange(tp=pb.UPDATE, before=before, after=after))
+            elif isinstance(ev, WriteRowsEvent):
+                dec.check_present(ev.columns_present_bitmap, "inserted")
+                while pos < n:
+                    after, pos = row(body, pos)
+                    changes.append(pb.RowChange(tp=pb.INSERT, after=after))
+            else:
+                dec.check_present(ev.columns_present_bitmap, "deleted")
+                while pos < n:
+                    before, pos = row(body, pos)
+                    changes.append(pb.RowChange(tp=pb.DELETE, before=before))
+        except (IndexError, ValueError) as e:
+            raise UndecodableRow(f"{dec.where}: row image does not match its TableMap at byte "
+                                 f"{pos} ({self.where()}): {e}") from None
+        if pos != n:
+            raise UndecodableRow(f"{dec.where}: row images end at byte {pos} of {n} ({self.where()})")
+        info = entry.info
+        muts = t.mutations
+        if muts and muts[-1].table_id == entry.table_id:
+            muts[-1].changes.extend(changes)
+        else:
+            muts.append(pb.TableMutation(table_id=entry.table_id, schema_name=entry.db,
+                                         table_name=entry.table, table_version=info.version,
+                                         changes=changes))
+
+    def _query(self, ev: Any) -> SourceTxn | None:
+        q = ev.query.strip()
+        upper = q[:10].upper()
+        if upper == "BEGIN":
+            return None
+        if upper == "COMMIT":
+            return self._finish()
+        t = self._need_txn("query")
+        schema = ev.schema.decode() if isinstance(ev.schema, bytes) else (ev.schema or "")
+        ddls = self.tracker.on_ddl(q, schema, version_of(t.file_seq, t.offset))
+        if ddls:
+            t.ddls.extend(ddls)
+        elif _DML.match(q):
+            raise BinlogProtocolError(
+                f"statement-format DML in the binlog ({t.where()}): {q[:80]!r}; the session that "
+                "wrote it used binlog_format=STATEMENT/MIXED — set binlog_format=ROW globally and "
+                "re-snapshot the affected tables")
+        elif not _HARMLESS.match(q):
+            log.debug("query event ignored", extra={"fields": {"query": q[:80], "at": t.where()}})
+        if t.standalone:
+            return self._finish()
+        return None
+
+    def _reset_txn(self) -> None:
+        self._txn = None
+        self._maps.clear()
+        self._on_txn_end()
+
+    def _finish(self) -> SourceTxn | None:
+        t = self._txn
+        if t is None:
+            raise BinlogProtocolError(f"transaction end outside a transaction ({self.where()})")
+        self._reset_txn()
+        self.gtid_state[t.domain] = (t.server_id, t.seq)
+        pos = pb.Position(file_seq=t.file_seq, offset=t.offset, file_name=t.file,
+                          ts_ms=t.ts * 1000, server_id=t.server_id,
+                          gtids=[pb.GtidPos(domain_id=d, server_id=s, seq_no=n)
+                                 for d, (s, n) in sorted(self.gtid_state.items())])
+        return SourceTxn(position=pos, gtid=t.gtid, server_id=t.server_id, ts_ms=t.ts * 1000,
+                         file=t.file, offset=t.offset, mutations=tuple(t.mutations),
+                         schema_snapshots=tuple(t.snapshots), ddls=tuple(t.ddls), size=t.size)
+
+
+# ------------------------------------------------------------------------------------------------
+# the library, made strict
+# ------------------------------------------------------------------------------------------------
+
+class _StrictTableMap(dict):
+    __slots__ = ("where",)
+
+    def __init__(self, where: Callable[[], str]) -> None:
+        super().__init__()
+        self.where = where
+
+    def __missing__(self, table_id: int) -> Any:
+        raise UnknownTableId(table_id, self.where())
+
+
+class StrictBinLogStreamReader(BinLogStreamReader):
+    """BinLogStreamReader whose TableMap cache refuses unknown table_ids instead of dropping rows."""
+
+    def __init__(self, *args: Any, where: Callable[[], str] = lambda: "?", **kwargs: Any) -> None:
+        self._where = where
+        self._strict = _StrictTableMap(where)
+        super().__init__(*args, **kwargs)
+
+    def _BinLogStreamReader__connect_to_stream(self) -> None:  # noqa: N802 - overrides the private
+        # The library silently reconnects after a lost connection (2013/2006) with its *original*
+        # start GTID, which would re-deliver transactions already read. One connection per
+        # reader: a reconnect becomes an error, and the capture resumes from the pumps' position.
+        if getattr(self, "_connected_once", False):
+            raise SourceDisconnected(f"lost the binlog connection to the source ({self._where()}); "
+                                     "resuming from the last committed position")
+        self._connected_once = True
+        BinLogStreamReader._BinLogStreamReader__connect_to_stream(self)  # type: ignore[attr-defined]
+
+    @property  # type: ignore[override]
+    def table_map(self) -> _StrictTableMap:
+        return self._strict
+
+    @table_map.setter
+    def table_map(self, value: dict) -> None:
+        # The library assigns a fresh {} at start and at every rotate; keep it strict.
+        strict = _StrictTableMap(self._where)
+        strict.update(value)
+        self._strict = strict
+
+
+EVENTS = [MariadbGtidEvent, MariadbGtidListEvent, TableMapEvent, WriteRowsEvent, UpdateRowsEvent,
+          DeleteRowsEvent, XidEvent, QueryEvent, RotateEvent, FormatDescriptionEvent,
+          HeartbeatLogEvent]
+
+
+class BinlogReader:
+    """A blocking iterator of SourceTxn from a MariaDB source, starting after a GTID state."""
+
+    def __init__(self, connection: dict[str, Any], *, replica_server_id: int,
+                 tracker: SchemaTracker, gtid_state: str, blocking: bool = True,
+                 heartbeat_s: float = 1.0) -> None:
+        self.assembler = Assembler(tracker, parse_gtid_state(gtid_state),
+                                   on_txn_end=self._clear_library_maps)
+        self._stream = StrictBinLogStreamReader(
+            dict(connection), server_id=replica_server_id, blocking=blocking, is_mariadb=True,
+            auto_position=gtid_state, only_events=EVENTS, slave_heartbeat=heartbeat_s,
+            enable_logging=False, where=self.assembler.where)
+        self.last_event_at = time.monotonic()
+
+    def _clear_library_maps(self) -> None:
+        self._stream.table_map.clear()
+
+    def transactions(self) -> Iterator[SourceTxn]:
+        feed = self.assembler.feed
+        for ev in self._stream:
+            self.last_event_at = time.monotonic()
+            txn = feed(ev)
+            if txn is not None:
+                yield txn
+
+    def lag_s(self) -> float:
+        ts = self.assembler.last_event_ts
+        return max(0.0, time.time() - ts) if ts else 0.0
+
+    def close(self) -> None:
+        self._stream.close()

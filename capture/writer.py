@@ -1,0 +1,156 @@
+"""Exactly once into the pumps (DESIGN §8): source transactions in groups, a whole group to one pump.
+
+Invariant: the committed set is always a prefix of the source order. A group's prewrites go to
+one pump as one atomic write; its commit_ts range is fetched after that ack (and checked against
+the ack's watermark); its commits go as one atomic write; group g+1's commits are written only
+after group g's were acknowledged. A restart resumes strictly after the greatest position any
+pump recorded, after fencing older epochs, so no source transaction is committed twice.
+
+Recovery (`recover`): bump the producer epoch, call GetProducerPosition(producer_id, epoch) on
+every non-offline pump (each records the epoch durably and refuses older epochs afterwards),
+take the max position. TxnStatus (`decide`): the live capture's in-flight groups are UNKNOWN;
+anything else is answered only after recovery fenced every pump, from the pumps themselves: a
+commit found on a pump (GetCommit) -> COMMITTED with its commit_ts; none on any pump -> ROLLED_BACK
+(its group was never committed, and the fenced old epoch cannot commit it any more); a pump that
+cannot be asked -> UNKNOWN.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from sluice.capture.reader import SourceTxn
+from sluice.client.pumps import PumpsClient, check_commit_ts
+from sluice.core import errors, failpoint, grpcutil
+from sluice.core.position import format_position, max_position
+from sluice.core.registry import NodeKind, NodeState, Registry
+from sluice.core.tls import SecurityConfig
+from sluice.core.tso_client import TSOClient
+from sluice.proto import sluice_pb2 as pb, sluice_pb2_grpc as pbg
+
+log = logging.getLogger(__name__)
+
+FAILPOINT = "capture-between-prewrite-and-commit"
+
+
+def pump_txns(group: list[SourceTxn], source_name: str) -> list[tuple[pb.PrewriteValue, pb.Position]]:
+    """(value, position) per pump transaction. Empty source transactions are dropped, except the
+    group's last one, which still carries the position forward (so a restart does not re-read a
+    long run of filtered transactions)."""
+    out: list[tuple[pb.PrewriteValue, pb.Position]] = []
+    for i, st in enumerate(group):
+        if st.empty and i != len(group) - 1:
+            continue
+        values = st.prewrite_values(source_name)
+        for j, v in enumerate(values):
+            pos = pb.Position()
+            pos.CopyFrom(st.position)
+            # A statement acting on several tables (DROP TABLE a, b) is several pump transactions
+            # at one source position, ordered by sub_seq.
+            pos.sub_seq = j
+            out.append((v, pos))
+    return out
+
+
+class GroupWriter:
+    def __init__(self, pumps: PumpsClient, tso: TSOClient, registry: Registry, producer_id: str,
+                 cluster_id: int, source_name: str, security: SecurityConfig | None = None) -> None:
+        self.pumps, self.tso, self.registry = pumps, tso, registry
+        self.producer_id, self.cluster_id, self.source_name = producer_id, cluster_id, source_name
+        self.security = security
+        self.epoch = 0
+        self.inflight: set[int] = set()
+        self.recovered = False
+        self.groups = 0
+        self.txns = 0
+
+    # -- recovery -----------------------------------------------------------------------------
+
+    def _live_pumps(self) -> list[tuple[str, str]]:
+        nodes, _ = self.registry.list(NodeKind.PUMP)
+        return [(n.node_id, n.status.addr) for n in nodes if n.state != NodeState.OFFLINE]
+
+    async def recover(self, epoch: int) -> pb.Position:
+        """Fence older epochs on every non-offline pump; the greatest recorded position."""
+        self.epoch = epoch
+        pumps = await asyncio.to_thread(self._live_pumps)
+        if not pumps:
+            raise errors.NoPumpAvailable("no pump is registered: start a pump before the capture")
+        positions = []
+        for node_id, addr in pumps:
+            async with grpcutil.aio_channel(addr, self.security) as ch:
+                try:
+                    resp = await pbg.PumpStub(ch).GetProducerPosition(pb.GetProducerPositionReq(
+                        cluster_id=self.cluster_id, producer_id=self.producer_id, epoch=epoch),
+                        timeout=10)
+                except grpc.RpcError as e:
+                    raise errors.Unavailable(
+                        f"pump {node_id} ({addr}) did not answer GetProducerPosition: "
+                        f"{grpcutil.to_sluice_error(e)}; the capture cannot prove where to resume "
+                        "until every non-offline pump answers") from None
+            if resp.has_position:
+                positions.append(resp.position)
+        pos = max_position(positions)
+        self.recovered = True
+        log.info("recovered position %s from %d pump(s) at epoch %d", format_position(pos),
+                 len(pumps), epoch)
+        return pos
+
+    async def decide(self, start_ts: int) -> tuple[int, int]:
+        if start_ts in self.inflight or not self.recovered:
+            return pb.TXN_UNKNOWN, 0
+        try:
+            pumps = await asyncio.to_thread(self._live_pumps)
+            for _, addr in pumps:
+                async with grpcutil.aio_channel(addr, self.security) as ch:
+                    resp = await pbg.PumpStub(ch).GetCommit(
+                        pb.GetCommitReq(cluster_id=self.cluster_id, start_ts=start_ts), timeout=5)
+                if resp.state == pb.TXN_COMMITTED:
+                    return pb.TXN_COMMITTED, resp.commit_ts
+            if start_ts in self.inflight:   # became in-flight while we asked
+                return pb.TXN_UNKNOWN, 0
+            return pb.TXN_ROLLED_BACK, 0
+        except (grpc.RpcError, errors.SluiceError) as e:
+            log.warning("TxnStatus start_ts=%d undecided: %s", start_ts, e)
+            return pb.TXN_UNKNOWN, 0
+
+    # -- groups -------------------------------------------------------------------------------
+
+    async def write_group(self, group: list[SourceTxn]) -> None:
+        items = pump_txns(group, self.source_name)
+        if not items:
+            return
+        n = len(items)
+        first_start, _ = await self.tso.get_ts_range(n)
+        now_ms = int(time.time() * 1000)
+        prewrites = [pb.Binlog(tp=pb.PREWRITE, start_ts=first_start + i,
+                               prewrite_value=v.SerializeToString(), producer_id=self.producer_id,
+                               producer_epoch=self.epoch, position=pos, ts_ms=now_ms)
+                     for i, (v, pos) in enumerate(items)]
+        starts = [b.start_ts for b in prewrites]
+        # In-flight start_ts stay UNKNOWN to TxnStatus unless this group provably ended here
+        # (committed, or rolled back before the point of no return). On any other failure the
+        # process restarts and a new epoch decides them from the pumps.
+        self.inflight.update(starts)
+        ack = await self.pumps.write_prewrites(prewrites)
+        await failpoint.ainject(FAILPOINT)
+        first_commit, _ = await self.tso.get_ts_range(n)
+        try:
+            check_commit_ts(first_commit, ack)
+        except errors.FailedPrecondition:
+            await self.pumps.write_commits(
+                [pb.Binlog(tp=pb.ROLLBACK, start_ts=s, producer_id=self.producer_id,
+                           producer_epoch=self.epoch) for s in starts], ack)
+            self.inflight.difference_update(starts)
+            raise
+        commits = [pb.Binlog(tp=pb.COMMIT, start_ts=s, commit_ts=first_commit + i,
+                             producer_id=self.producer_id, producer_epoch=self.epoch,
+                             position=items[i][1], ts_ms=now_ms)
+                   for i, s in enumerate(starts)]
+        await self.pumps.write_commits(commits, ack)
+        self.inflight.difference_update(starts)
+        self.groups += 1
+        self.txns += len(group)
