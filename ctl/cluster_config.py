@@ -1,0 +1,632 @@
+"""What a local cluster runs, and the config reference of every process (docs/config.md).
+
+`sluice cluster up` reads one TOML (`ClusterSpec`, defaults built in) and turns it into a plan:
+one `ProcessPlan` per child — its argv, its own TOML config, data dir, log file and address.
+`sluice.ctl.cluster` runs the plan; this module only decides it, so it is pure and testable.
+
+Invariant: every config file the cluster writes is loaded back through the real config
+dataclass of its process (`validate`) before anything starts — the cluster never invents a key,
+and a key renamed in a process's config fails `up` at once instead of a child at run time. The
+same classes generate docs/config.md (`python -m sluice.ctl.cluster_config --write`), and a test
+checks the doc names every key, so the docs cannot drift from the code.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import re
+import sys
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.core import config as cfgmod
+from sluice.core.errors import ConfigError
+from sluice.core.tls import SecurityConfig
+
+# process kind -> "module:ConfigClass". A module that is not in this build yet is skipped by
+# the docs and refused by the cluster with a clear message.
+PROCESS_CONFIGS: dict[str, str] = {
+    "tso": "sluice.tso.server:TSOConfig",
+    "pump": "sluice.pump.config:PumpConfig",
+    "drainer": "sluice.drainer.config:DrainerConfig",
+    "capture": "sluice.capture.config:CaptureConfig",
+    "ctl": "sluice.ctl.context:CtlConfig",
+}
+
+# A sink class `XSink` keeps its `[to]` options in `XSinkConfig` beside it (FileSink ->
+# FileSinkConfig); the drainer registry `SINKS` names the sink classes. Where the options class
+# lives elsewhere (or the sink module is not written yet), it is named here.
+SINK_CONFIG_SUFFIX = "Config"
+SINK_CONFIGS: dict[str, str] = {"spark": "sluice.spark_sink.config:SparkSinkConfig"}
+
+DERBY_JARS = ("derby.jar", "derbynet.jar")
+DERBY_MAIN = "org.apache.derby.drda.NetworkServerControl"
+
+
+# ---------------------------------------------------------------------------------------------
+# Config classes: lookup and validation
+# ---------------------------------------------------------------------------------------------
+
+def _import(target: str) -> Any | None:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            return None
+        raise
+    return getattr(module, attr, None)
+
+
+def config_class(kind: str) -> type | None:
+    """The config dataclass of a process kind, or None when that process is not in this build."""
+    target = PROCESS_CONFIGS.get(kind)
+    if target is None:
+        raise ConfigError(f"unknown process kind {kind!r} (known: {', '.join(PROCESS_CONFIGS)})")
+    return _import(target)
+
+
+def sink_config_class(sink: str) -> type | None:
+    """The options dataclass of a drainer sink (`[to]`), or None when the sink is not in this build."""
+    from sluice.drainer.sink import SINKS
+    target = SINKS.get(sink)
+    if target is None:
+        raise ConfigError(f"unknown sink '{sink}' (known: {', '.join(sorted(SINKS))})")
+    return _import(target + SINK_CONFIG_SUFFIX) or (
+        _import(SINK_CONFIGS[sink]) if sink in SINK_CONFIGS else None)
+
+
+def validate(kind: str, data: dict[str, Any], where: str) -> Any:
+    """Load `data` (a TOML-shaped dict) through the real config class of `kind`; ConfigError if
+    a key is unknown, mistyped or invalid. Returns the config object."""
+    cls = config_class(kind)
+    if cls is None:
+        raise ConfigError(f"{where}: `sluice {kind}` is not part of this build yet")
+    conf = cfgmod.from_dict(cls, data, where)
+    for check in ("validated", "validate"):
+        method = getattr(conf, check, None)
+        if callable(method):
+            method(where)
+            break
+    if kind == "drainer":
+        sink_cls = sink_config_class(conf.sink)
+        if sink_cls is None:
+            raise ConfigError(f"{where}: sink '{conf.sink}' is not part of this build yet")
+        from sluice.drainer.sink import options_to_config
+        options_to_config(sink_cls, conf.to, f"{where} [to]")
+    return conf
+
+
+# ---------------------------------------------------------------------------------------------
+# TOML output (the standard library reads TOML but does not write it)
+# ---------------------------------------------------------------------------------------------
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)          # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise ConfigError(f"cannot write {type(v).__name__} {v!r} as TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """A TOML document for a dict of scalars, lists and nested tables (empty tables omitted)."""
+    return "\n".join(_toml_lines(data, "")).strip("\n") + "\n"
+
+
+def _toml_lines(data: dict[str, Any], prefix: str) -> list[str]:
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for k, v in data.items():
+        if isinstance(v, dict) and v:
+            name = prefix + _toml_key(k)
+            lines += ["", f"[{name}]", *_toml_lines(v, name + ".")]
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster spec (`sluice cluster up --config cluster.toml`)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EtcdSpec:
+    bin: str = "etcd"                  # etcd binary (Debian: etcd-server)
+    port: int = 0                      # client port; 0: a free port chosen at `up`
+
+
+@dataclass(frozen=True)
+class TSOSpec:
+    count: int = 2                     # TSO servers (one leader, the rest standbys)
+    lease_ttl: int = 3                 # seconds
+    config: dict[str, Any] = field(default_factory=dict)   # extra keys for every tso.toml
+
+
+@dataclass(frozen=True)
+class PumpSpec:
+    count: int = 2                     # pumps: pump-1 .. pump-N
+    # Extra keys for every pump.toml. A local cluster shares one disk with everything else,
+    # so it stops writes at 1 GiB free rather than the production default of 10 GiB.
+    config: dict[str, Any] = field(default_factory=lambda: {
+        "storage": {"stop-write-at-available-space": 1 << 30}})
+
+
+@dataclass(frozen=True)
+class DrainerSpec:
+    name: str = "drainer-file"         # drainer name (its node id in the registry)
+    sink: str = "file"                 # file | grpc | mysql | spark
+    # The sink's `[to]` options. Strings may use {dir} (the cluster dir), {data} (this
+    # drainer's data dir), {mariadb-port}, {metastore} (host:port of the Derby server).
+    to: dict[str, Any] = field(default_factory=dict)
+    standby: bool = False              # also run a standby with the same name (drainer HA)
+    config: dict[str, Any] = field(default_factory=dict)   # extra keys for this drainer.toml
+
+
+@dataclass(frozen=True)
+class MariaDBSpec:
+    enabled: bool = False              # run a local MariaDB source (needed by capture)
+    port: int = 0                      # 0: a free port chosen at `up`
+    server_id: int = 1                 # its server id; capture uses this + 10000
+    root_password: str = "sluice-root"  # root@127.0.0.1; also what capture logs in with
+
+
+@dataclass(frozen=True)
+class CaptureSpec:
+    enabled: bool = False              # run `sluice capture` on the local MariaDB
+    producer_id: str = "capture-1"     # the capture's producer id
+    config: dict[str, Any] = field(default_factory=dict)   # extra keys for capture.toml
+
+
+@dataclass(frozen=True)
+class MetastoreSpec:
+    port: int = 0                      # Derby network server port (started for spark drainers)
+    java: str = "java"                 # JVM running the Derby network server
+    derby_dir: str = "/usr/share/java"  # where libderby-java installs derby*.jar
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    cluster_id: int = 1                # cluster id of every process
+    host: str = "127.0.0.1"            # every process listens here
+    start_timeout: float = 60.0        # seconds `up` waits for each process to be healthy
+    stop_timeout: float = 15.0         # seconds `down` waits after SIGTERM before SIGKILL
+    etcd: EtcdSpec = field(default_factory=EtcdSpec)
+    tso: TSOSpec = field(default_factory=TSOSpec)
+    pump: PumpSpec = field(default_factory=PumpSpec)
+    # One [[drainers]] table per named drainer (one sink each); default: one file drainer.
+    drainers: list[DrainerSpec] = field(default_factory=lambda: [DrainerSpec()])
+    mariadb: MariaDBSpec = field(default_factory=MariaDBSpec)
+    capture: CaptureSpec = field(default_factory=CaptureSpec)
+    metastore: MetastoreSpec = field(default_factory=MetastoreSpec)
+    security: SecurityConfig = field(default_factory=SecurityConfig)  # mutual TLS everywhere
+
+    def check(self, where: str) -> "ClusterSpec":
+        if self.tso.count < 1 or self.pump.count < 1:
+            raise ConfigError(f"{where}: tso.count and pump.count must be >= 1")
+        names = [d.name for d in self.drainers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{where}: drainer names must be unique, got {names}")
+        if self.capture.enabled and not self.mariadb.enabled:
+            raise ConfigError(f"{where}: capture.enabled needs mariadb.enabled (the local source)")
+        return self
+
+
+def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> ClusterSpec:
+    where = str(path) if path else "<defaults>"
+    return cfgmod.load(ClusterSpec, path, overrides).check(where)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """One child of the cluster: how to start it and where it keeps things."""
+
+    name: str                          # unique in the cluster: etcd, tso-1, pump-2, ...
+    kind: str                          # etcd | tso | pump | metastore | drainer | mariadb | capture
+    argv: tuple[str, ...]
+    addr: str                          # what it serves (host:port); "" if nothing
+    data_dir: str
+    log: str
+    config_path: str = ""              # its TOML, when it has one
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics_addr: str = ""
+    node_id: str = ""                  # registry id (pumps, drainers, producers)
+    standby: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the cluster keeps its files."""
+
+    root: Path
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "cluster.json"
+
+    def conf(self, name: str) -> Path:
+        return self.root / "conf" / f"{name}.toml"
+
+    def data(self, name: str) -> Path:
+        return self.root / "data" / name
+
+    def log(self, name: str) -> Path:
+        return self.root / "logs" / f"{name}.log"
+
+
+def spark_metastore_available() -> bool:
+    return importlib.util.find_spec("sluice.spark_sink.metastore") is not None  # type: ignore[attr-defined]
+
+
+def derby_classpath(spec: MetastoreSpec) -> str:
+    return ":".join(str(Path(spec.derby_dir) / j) for j in DERBY_JARS)
+
+
+def metastore_argv(spec: MetastoreSpec, home: Path, host: str, port: int) -> tuple[str, ...]:
+    """The Derby network server as spark_sink.metastore.DerbyServer starts it (docs/spark.md)."""
+    return (spec.java, f"-Dderby.system.home={home}", "-Xmx256m", "-cp", derby_classpath(spec),
+            DERBY_MAIN, "start", "-h", host, "-p", str(port), "-noSecurityManager")
+
+
+# `[to]` of a drainer whose spec gives none: everything under the drainer's data dir.
+DEFAULT_SINK_OPTIONS: dict[str, dict[str, Any]] = {
+    "file": {"dir": "{data}/out"},
+    "spark": {"root": "{data}/spark", "warehouse": "{data}/warehouse", "metastore": "{metastore}"},
+}
+
+
+def _substitute(value: Any, tokens: dict[str, str]) -> Any:
+    """Replace {token} in strings (only the known tokens; other braces are left alone)."""
+    if isinstance(value, str):
+        whole = value[1:-1] in tokens if value.startswith("{") and value.endswith("}") else False
+        for k, v in tokens.items():
+            value = value.replace("{" + k + "}", v)
+        # A value that is only a token naming a number ("{mariadb-port}") becomes that number.
+        return int(value) if whole and value.isdigit() else value
+    if isinstance(value, dict):
+        return {k: _substitute(v, tokens) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, tokens) for v in value]
+    return value
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
+         python: str = sys.executable) -> list[ProcessPlan]:
+    """Every process of the cluster in start order; `port(key)` gives the port for a key
+    (the caller picks free ports, or reuses the ones a previous `up` recorded)."""
+    h = spec.host
+    tls = spec.security.enabled
+    scheme = "https" if tls else "http"
+    security = ({"ssl-ca": spec.security.ssl_ca, "ssl-cert": spec.security.ssl_cert,
+                 "ssl-key": spec.security.ssl_key} if tls else {})
+    out: list[ProcessPlan] = []
+
+    etcd_addr = f"{h}:{spec.etcd.port or port('etcd')}"
+    peer = f"http://{h}:{port('etcd-peer')}"
+    etcd_argv = [spec.etcd.bin, "--name", "sluice", "--data-dir", str(layout.data("etcd")),
+                 "--listen-client-urls", f"{scheme}://{etcd_addr}",
+                 "--advertise-client-urls", f"{scheme}://{etcd_addr}",
+                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--initial-cluster", f"sluice={peer}", "--log-level", "warn"]
+    if tls:
+        etcd_argv += ["--cert-file", spec.security.ssl_cert, "--key-file", spec.security.ssl_key,
+                      "--trusted-ca-file", spec.security.ssl_ca, "--client-cert-auth"]
+    out.append(ProcessPlan("etcd", "etcd", tuple(etcd_argv), etcd_addr,
+                           str(layout.data("etcd")), str(layout.log("etcd"))))
+
+    def sluice(kind: str, name: str, conf: dict[str, Any], addr: str, metrics: str,
+               node_id: str = "", standby: bool = False, data_dir: str = "") -> ProcessPlan:
+        if security:
+            conf = {**conf, "security": security}
+        path = layout.conf(name)
+        validate(kind, conf, str(path))
+        return ProcessPlan(name, kind, (python, "-m", "sluice.ctl.main", kind, "--config", str(path)),
+                           addr, data_dir or str(layout.data(name)), str(layout.log(name)),
+                           str(path), conf, metrics, node_id, standby)
+
+    tso_addrs = []
+    for i in range(1, spec.tso.count + 1):
+        name = f"tso-{i}"
+        addr, metrics = f"{h}:{port(name)}", f"{h}:{port(name + '-metrics')}"
+        tso_addrs.append(addr)
+        conf = _deep_merge({"cluster-id": spec.cluster_id, "name": name, "addr": addr,
+                            "etcd": etcd_addr, "lease-ttl": spec.tso.lease_ttl,
+                            "metrics-addr": metrics}, spec.tso.config)
+        out.append(sluice("tso", name, conf, addr, metrics, node_id=name))
+
+    for i in range(1, spec.pump.count + 1):
+        name = f"pump-{i}"
+        addr, metrics = f"{h}:{port(name)}", f"{h}:{port(name + '-metrics')}"
+        conf = _deep_merge({"cluster-id": spec.cluster_id, "node-id": name, "addr": addr,
+                            "data-dir": str(layout.data(name)), "etcd": etcd_addr,
+                            "tso": tso_addrs, "metrics-addr": metrics}, spec.pump.config)
+        out.append(sluice("pump", name, conf, addr, metrics, node_id=name))
+
+    metastore_addr = ""
+    if any(d.sink == "spark" for d in spec.drainers) and spark_metastore_available():
+        metastore_addr = f"{h}:{spec.metastore.port or port('metastore')}"
+        home = layout.data("metastore")
+        out.append(ProcessPlan(
+            "metastore", "metastore",
+            metastore_argv(spec.metastore, home, h, int(metastore_addr.rsplit(":", 1)[1])),
+            metastore_addr, str(home), str(layout.log("metastore"))))
+
+    mariadb_port = ""
+    if spec.mariadb.enabled:
+        mariadb_port = str(spec.mariadb.port or port("mariadb"))
+        out.append(mariadb_plan(spec, layout, mariadb_port))
+
+    for d in spec.drainers:
+        addr, metrics = f"{h}:{port(d.name)}", f"{h}:{port(d.name + '-metrics')}"
+        data = layout.data(d.name)
+        tokens = {"dir": str(layout.root), "data": str(data), "mariadb-port": mariadb_port,
+                  "metastore": metastore_addr}
+        to = _substitute(d.to or DEFAULT_SINK_OPTIONS.get(d.sink, {}), tokens)
+        conf = _deep_merge({"cluster-id": spec.cluster_id, "name": d.name, "addr": addr,
+                            "etcd": etcd_addr, "tso": tso_addrs, "metrics-addr": metrics,
+                            "sink": d.sink, "to": to}, _substitute(d.config, tokens))
+        out.append(sluice("drainer", d.name, conf, addr, metrics, node_id=d.name, data_dir=str(data)))
+        if d.standby:
+            drainer_cls = config_class("drainer")
+            names = {f.name for f in dataclasses.fields(drainer_cls)} if drainer_cls else set()
+            if not names & {"standby", "ha"}:
+                raise ConfigError(f"drainer {d.name}: standby = true needs drainer HA, which is "
+                                  "not part of this build yet; remove `standby`")
+            name = f"{d.name}-standby"
+            s_addr, s_metrics = f"{h}:{port(name)}", f"{h}:{port(name + '-metrics')}"
+            out.append(sluice("drainer", name, {**conf, "addr": s_addr, "metrics-addr": s_metrics},
+                              s_addr, s_metrics, node_id=d.name, standby=True, data_dir=str(data)))
+
+    if spec.capture.enabled:
+        addr, metrics = f"{h}:{port('capture')}", f"{h}:{port('capture-metrics')}"
+        conf = _deep_merge({
+            "cluster-id": spec.cluster_id, "producer-id": spec.capture.producer_id,
+            "etcd": etcd_addr, "tso": tso_addrs, "addr": addr, "metrics-addr": metrics,
+            "source": {"host": h, "port": int(mariadb_port), "user": "root",
+                       "password": spec.mariadb.root_password,
+                       "server-id": spec.mariadb.server_id + 10000},
+        }, spec.capture.config)
+        out.append(sluice("capture", "capture", conf, addr, metrics, node_id=spec.capture.producer_id))
+    return out
+
+
+def mariadb_plan(spec: ClusterSpec, layout: Layout, port: str) -> ProcessPlan:
+    """mariadbd as tests/support/mariadb.py runs it: no option files, row binlogs with FULL
+    image and metadata (what capture's start-up checks demand), utf8mb4."""
+    import os
+    data = layout.data("mariadb")
+    run = layout.root / "run"
+    argv = ["mariadbd", "--no-defaults", f"--datadir={data}", f"--port={port}",
+            f"--bind-address={spec.host}", f"--socket={run / 'mariadb.sock'}",
+            f"--pid-file={run / 'mariadb.pid'}", "--skip-name-resolve",
+            "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
+            "--max-allowed-packet=256M", f"--server-id={spec.mariadb.server_id}",
+            "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=48M",
+            f"--log-bin={data / 'mariadb-bin'}", "--binlog-format=ROW",
+            "--binlog-row-image=FULL", "--binlog-row-metadata=FULL", "--log-slave-updates"]
+    if os.geteuid() == 0:
+        argv.append("--user=root")
+    return ProcessPlan("mariadb", "mariadb", tuple(argv), f"{spec.host}:{port}", str(data),
+                       str(layout.log("mariadb")))
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/config.md
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KeyDoc:
+    key: str              # dotted kebab-case path, e.g. storage.max-binlog-size
+    type: str
+    default: str
+    meaning: str
+
+
+_COMMENT = re.compile(r"^\s*(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """field name -> the comment written for it in the class body: full-line comments just
+    above the field, then the comment at the end of its line."""
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    for line in src.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("def ") or stripped.startswith("@"):
+            break
+        if stripped.startswith("#"):
+            pending.append(stripped.lstrip("#").strip())
+            continue
+        m = _COMMENT.match(line)
+        if m and not stripped.startswith(('"', "'")):
+            out[m.group(1)] = " ".join([*pending, (m.group(2) or "").strip()]).strip()
+        pending = []
+    return out
+
+
+# What a key means when its class has no comment for it (keys shared by several processes).
+COMMON_MEANINGS: dict[str, str] = {
+    "cluster-id": "cluster this process belongs to; every process of a cluster uses the same id",
+    "addr": "host:port to listen on",
+    "advertise-addr": "address other processes dial; defaults to addr",
+    "etcd": "comma-separated etcd endpoints host:port",
+    "data-dir": "directory of this process's data (created if missing)",
+    "metrics-addr": "host:port for Prometheus /metrics; empty: disabled",
+    "gc-interval": "seconds between GC runs",
+    "storage.segment-size": "value-log segment size in bytes before rotating",
+    "storage.max-binlog-size": "largest binlog part; bigger transactions become multi-part prewrites",
+    "storage.max-inflight-bytes": "pump-wide in-flight write budget; above it writes get RESOURCE_EXHAUSTED",
+    "storage.stop-write-at-available-space": "refuse writes when free disk is below this many bytes; reads continue",
+    "storage.sync": "fdatasync every group commit (false only for tests and benchmarks)",
+    "dedupe-window": "start_ts values remembered per producer to drop duplicate copies",
+    "sink": "the sink this drainer applies to: file, grpc, mysql or spark",
+    "to": "the sink's options (tables below)",
+    "producer-id": "producer id in the registry (epochs, positions, TxnStatus)",
+    "group-max-txns": "source transactions per group written to one pump",
+    "group-max-bytes": "bytes per group",
+    "group-max-wait-ms": "longest a group waits to fill",
+    "heartbeat-s": "seconds between capture heartbeats",
+    "source.host": "source MariaDB/MySQL host",
+    "source.port": "source port",
+    "source.user": "replication user (REPLICATION SLAVE, REPLICATION CLIENT, SELECT)",
+    "source.password": "its password",
+    "filter.include-databases": "capture only these databases (empty: all)",
+    "filter.exclude-databases": "never capture these databases",
+    "filter.exclude-tables": "regex on \"db.table\" never captured",
+    "to.dir": "output directory of the JSON-lines files",
+    "to.max-file-size": "rotate output files at this size (bytes)",
+    "to.fsync": "fsync output before a checkpoint is saved",
+    "to.host": "downstream host",
+    "to.port": "downstream port",
+    "to.user": "downstream user",
+    "to.password": "downstream password",
+    "to.worker-count": "parallel apply workers (conflict-detected by key)",
+    "to.txn-batch": "transactions per worker commit",
+    "to.safe-mode": "always idempotent upserts, updates as delete+insert",
+    "to.checkpoint-schema": "downstream schema of the checkpoint table",
+    "to.buffer-txns": "transactions kept for consumers",
+    "to.buffer-bytes": "bytes kept for consumers",
+}
+
+
+def _type_text(tp: Any) -> str:
+    text = str(tp) if typing.get_origin(tp) else getattr(tp, "__name__", str(tp))
+    return text.replace("typing.", "")
+
+
+def _default_text(f: dataclasses.Field) -> str:  # type: ignore[type-arg]
+    if f.default is not dataclasses.MISSING:
+        v = f.default
+    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        v = f.default_factory()  # type: ignore[misc]
+        if dataclasses.is_dataclass(v):
+            return "(table)"
+    else:
+        return "(required)"
+    if isinstance(v, SecurityConfig):
+        return "(table)"
+    return "`" + _toml_value(v) + "`" if not (isinstance(v, (list, dict)) and not v) else (
+        "`[]`" if isinstance(v, list) else "`{}`")
+
+
+def key_docs(cls: type, prefix: str = "") -> list[KeyDoc]:
+    """Every key of a config class (nested tables flattened to dotted keys)."""
+    hints = typing.get_type_hints(cls)
+    comments = _field_comments(cls)
+    out: list[KeyDoc] = []
+    nested: list[tuple[str, type]] = []
+    for f in dataclasses.fields(cls):
+        key = prefix + cfgmod.field_key(f.name)
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            nested.append((key + ".", tp))   # type: ignore[arg-type]
+            continue
+        items = typing.get_args(tp) if typing.get_origin(tp) is list else ()
+        if items and dataclasses.is_dataclass(items[0]):
+            # An array of tables ([[drainers]]): document its item's keys as `drainers[].key`.
+            out.append(KeyDoc(key, f"array of tables [[{key}]]", "one item with the defaults below",
+                              comments.get(f.name, "")))
+            nested.append((key + "[].", items[0]))
+            continue
+        meaning = comments.get(f.name) or COMMON_MEANINGS.get(key) or COMMON_MEANINGS.get(
+            prefix.split(".")[0] + "." + key.rsplit(".", 1)[-1], "")
+        out.append(KeyDoc(key, _type_text(tp), _default_text(f), meaning))
+    for p, tp in nested:
+        out += key_docs(tp, p)
+    return out
+
+
+def _table(docs: list[KeyDoc]) -> str:
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for d in docs:
+        meaning = d.meaning.replace("|", "\\|")
+        rows.append(f"| `{d.key}` | {d.type} | {d.default} | {meaning} |")
+    return "\n".join(rows)
+
+
+def reference_sections() -> list[tuple[str, type, str]]:
+    """(title, class, key prefix) for every config in this build, processes then sinks."""
+    out: list[tuple[str, type, str]] = []
+    titles = {"tso": "tso.toml (`sluice tso`)", "pump": "pump.toml (`sluice pump`)",
+              "drainer": "drainer.toml (`sluice drainer`)",
+              "capture": "capture.toml (`sluice capture`)", "ctl": "`sluice ctl --config`"}
+    for kind in PROCESS_CONFIGS:
+        cls = config_class(kind)
+        if cls is not None:
+            out.append((titles[kind], cls, ""))
+    from sluice.drainer.sink import SINKS
+    for sink in SINKS:
+        cls = sink_config_class(sink)
+        if cls is not None:
+            out.append((f"drainer `[to]` for `sink = \"{sink}\"`", cls, "to."))
+    out.append(("cluster.toml (`sluice cluster up --config`)", ClusterSpec, ""))
+    return out
+
+
+BEGIN = "<!-- BEGIN GENERATED: python -m sluice.ctl.cluster_config --write -->"
+END = "<!-- END GENERATED -->"
+
+
+def reference_markdown() -> str:
+    parts = []
+    for title, cls, prefix in reference_sections():
+        parts.append(f"### {title}\n\n{_table(key_docs(cls, prefix))}\n")
+    return "\n".join(parts)
+
+
+def write_docs(path: Path) -> bool:
+    """Rewrite the generated region of docs/config.md; True when it changed."""
+    text = path.read_text()
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ConfigError(f"{path}: markers {BEGIN!r} ... {END!r} not found")
+    new = text[:start + len(BEGIN)] + "\n\n" + reference_markdown() + "\n" + text[end:]
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="print (or --write into docs/config.md) the config "
+                                            "reference generated from the config dataclasses")
+    p.add_argument("--write", nargs="?", const="docs/config.md", metavar="PATH")
+    args = p.parse_args(argv)
+    if args.write:
+        changed = write_docs(Path(args.write))
+        print(f"{args.write}: {'updated' if changed else 'already up to date'}")
+    else:
+        print(reference_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

