@@ -37,6 +37,7 @@ import pymysql
 from pymysql.constants import ER
 
 from sluice.core import errors
+from sluice.core.secrets import mask_dsn
 from sluice.core.registry import NodeKind, NodeState, Registry
 from sluice.core.ts import LOGICAL_BITS
 from sluice.proto import sluice_pb2 as pb
@@ -122,7 +123,7 @@ class OutboxDSN:
 
 def redact(dsn: str) -> str:
     """The DSN with its password replaced by ***, for messages and logs."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    return mask_dsn(dsn)
 
 
 def _errtext(e: BaseException) -> str:

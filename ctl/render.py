@@ -6,38 +6,17 @@ Invariant: nothing ctl prints reveals a secret — a DSN's password (a producer'
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from sluice.core import ts as tsmod
+from sluice.core.secrets import mask_dsn  # noqa: F401 - re-exported for ctl
 from sluice.core.registry import NodeInfo, NodeKind
 
 # Labels whose value is a DSN (may carry a password).
 DSN_LABELS = ("outbox-dsn",)
-MASK = "***"
 
-# password=... / pwd=... in a key=value DSN.
-_KV_PASSWORD = re.compile(r"(?P<pre>\b(?:password|passwd|pwd)\s*=\s*)(?P<pw>[^;\s&]*)", re.I)
-
-
-def mask_dsn(dsn: str) -> str:
-    """The DSN with its password replaced by ***; other parts kept so the user can recognise it.
-
-    URL DSNs are split like urllib splits them (the password runs to the netloc's last '@'), so a
-    password with an unencoded '@' is masked whole. (client.outbox.redact stops at the first '@'
-    and would show the rest of such a password; it also costs a pymysql import here.)
-    """
-    if "://" in dsn:
-        scheme, sep, rest = dsn.partition("://")
-        netloc, slash, path = rest.partition("/")
-        userinfo, at, host = netloc.rpartition("@")
-        if at and ":" in userinfo:
-            user = userinfo.split(":", 1)[0]
-            return f"{scheme}{sep}{user}:{MASK}@{host}{slash}{path}"
-        return dsn
-    return _KV_PASSWORD.sub(lambda m: m.group("pre") + MASK, dsn)
 
 
 def safe_labels(labels: dict[str, str]) -> dict[str, str]:
