@@ -2,6 +2,8 @@
 
 One sink per drainer: `sink` names it (file, grpc, mysql, spark) and the `[to]` table holds its
 options, as TiDB-Binlog's `[syncer.to]` does. Run several named drainers for several sinks.
+`[filter]` holds the replication filters (drainer/filter.py); `ha = true` runs this instance as
+an active/standby member of the drainers sharing its name (drainer/ha.py).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 
 from sluice.core.errors import ConfigError
 from sluice.core.tls import SecurityConfig
+from sluice.drainer.filter import FilterConfig
 
 
 @dataclass
@@ -33,8 +36,14 @@ class DrainerConfig:
     dedupe_window: int = 4096
     source_name: str = "sluice"           # Debezium topic prefix when a producer sets none
     metrics_addr: str = ""
+    # HA (DESIGN §6): several instances with the same name, one active; the lease TTL is
+    # alive-ttl and the active stops itself at alive-ttl - ha-margin without acknowledged
+    # keepalives. false: single instance, exactly as before (an epoch is still taken).
+    ha: bool = False
+    ha_margin: float = 0.5                # seconds
     sink: str = "file"
     to: dict[str, Any] = field(default_factory=dict)
+    filter: FilterConfig = field(default_factory=FilterConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def __post_init__(self) -> None:
@@ -49,6 +58,14 @@ class DrainerConfig:
                        ("alive-ttl", self.alive_ttl), ("dedupe-window", self.dedupe_window)):
             if n < 1:
                 raise ConfigError(f"{key} must be >= 1, got {n}")
+        if self.ha:
+            if self.alive_ttl < 2:
+                raise ConfigError(f"alive-ttl must be >= 2 with ha = true (it is the leader lease "
+                                  f"TTL), got {self.alive_ttl}")
+            # Keepalives go out every TTL/3; the margin must leave room for one late ack.
+            if not 0 < self.ha_margin < self.alive_ttl / 2:
+                raise ConfigError(f"ha-margin must be > 0 and < alive-ttl / 2 "
+                                  f"({self.alive_ttl / 2:g}), got {self.ha_margin}")
 
     def resolved_name(self) -> str:
         return self.name or "drainer-" + (self.advertise_addr or self.addr).replace(":", "-")

@@ -36,6 +36,11 @@ class DrainerMetrics:
         self.skipped = m.counter("corrupt_skipped_total", "transactions dropped by skip-corrupt")
         self.duplicates = m.gauge("duplicates_dropped", "copies of emitted transactions dropped")
         self.saves = m.counter("checkpoint_saves_total", "checkpoints saved")
+        self.ha_active = m.gauge("ha_active", "1 while this instance is the active drainer of its "
+                                 "name, 0 while it waits as a standby")
+        self.epoch = m.gauge("epoch", "this instance's epoch (0 until it took one)")
+        self.filtered = m.counter("filtered_txns_total",
+                                  "transactions the [filter] rules dropped entirely")
         self._known: set[str] = set()
 
     def serve(self, addr: str) -> None:

@@ -1,6 +1,7 @@
 """`sluice drainer`: merge every pump's stream by commit_ts and apply it to one sink.
 
-Start-up order (DESIGN §2.4, §2.6): load the checkpoint (or start at `initial-commit-ts`; -1 is a
+Start-up order (DESIGN §2.4, §2.6, §6): take the epoch (with `ha = true`: wait as a standby until
+this instance wins the name's leader lease) → load the checkpoint (or start at `initial-commit-ts`; -1 is a
 fresh TSO ts) → open the sink and save a checkpoint at once → serve Cistern.Notify (and the merged
 stream for the grpc sink) → register status online (with the checkpoint) and the alive key → list
 pumps at revision R, watch from R+1 → one reader per pump from the checkpoint.
@@ -10,6 +11,15 @@ Invariant: the saved checkpoint never runs ahead of the sink — a checkpoint is
 when everything emitted up to it had been applied), and the producer positions saved with it are
 those of the transactions at or below it. So a restart from it (kill -9 anywhere) loses nothing
 and, with a sink that truncates to its checkpoint state (file), doubles nothing.
+
+Fencing (DESIGN §2.10, drainer/ha.py): the epoch goes to the sink in its context; every hand-over
+to the sink and every etcd write happens only while this instance is certainly the active one
+(checked right before), and the checkpoint write is conditioned on the epoch. Once that fails —
+or the leader lease is not certainly alive, noticed by the keeper thread — the process exits at
+once with EXIT_FENCED and without flushing anything: a stale drainer writes nothing more.
+
+Filters (`[filter]`, drainer/filter.py) run between the merge and the sink, after the schema
+effects are recorded; a dropped transaction still advances the checkpoint.
 
 One task owns the merge and the sink (`_merge_loop`): it pops commit-ordered transactions,
 records their schema effects, applies them, saves checkpoints every `checkpoint-interval`, and
@@ -24,7 +34,9 @@ import collections
 import dataclasses
 import logging
 import operator
+import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -39,6 +51,8 @@ from sluice.core.tso_client import TSOClient
 from sluice.drainer.checkpoint import CheckpointStore, decode_positions, encode_positions
 from sluice.drainer.config import DrainerConfig
 from sluice.drainer.discovery import Discovery, is_lost, wants_merge
+from sluice.drainer.filter import TxnFilter
+from sluice.drainer.ha import Election, FencedCheckpointStore, list_standbys
 from sluice.drainer.merger import Merger, UnknownSource
 from sluice.drainer.metrics import DrainerMetrics
 from sluice.drainer.reader import PumpReader, run_guarded
@@ -56,6 +70,9 @@ _payload = operator.itemgetter(5)   # a merge item's stored binlogs: prewrite pa
 # checkpoint write per this much ts instead of one per batch (DESIGN §6 safe mode).
 DISPATCH_AHEAD_MS = 10_000
 
+# Exit code of a drainer that stopped because it is no longer certainly the active instance.
+EXIT_FENCED = 3
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from sluice.ctl.main import add_process_arguments
@@ -65,6 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd", help="etcd endpoints (overrides etcd)")
     p.add_argument("--initial-commit-ts", type=int,
                    help="start here when no checkpoint is saved (-1: now)")
+    p.add_argument("--ha", action="store_true", default=None,
+                   help="run as an active/standby member of the drainers with this name")
 
 
 def load_config(args: argparse.Namespace) -> DrainerConfig:
@@ -75,6 +94,8 @@ def load_config(args: argparse.Namespace) -> DrainerConfig:
             overrides.append(f'{key}="{value}"')
     if getattr(args, "initial_commit_ts", None) is not None:
         overrides.append(f"initial-commit-ts={args.initial_commit_ts}")
+    if getattr(args, "ha", None):
+        overrides.append("ha=true")
     return cfg.load(DrainerConfig, args.config, overrides)
 
 
@@ -86,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_prerequisites(config: DrainerConfig) -> None:
+    if config.sink == "grpc" and TxnFilter(config.filter).active:
+        raise errors.ConfigError("[filter] is set but the grpc sink forwards binlogs as stored: "
+                                 "filter in its consumers, or drop the [filter] table")
     etcd = Etcd(config.etcd, config.security, timeout=3)
     try:
         etcd.revision()
@@ -107,7 +131,17 @@ class DrainerServer:
         self.addr = config.resolved_advertise()
         self.etcd = Etcd(config.etcd, config.security)
         self.registry = Registry(self.etcd, config.cluster_id)
-        self.store = CheckpointStore(self.registry, self.name)
+        # Keepalives on their own client with a short timeout: a hung call must not outlast
+        # the lease it is meant to keep.
+        self._keepalive_etcd = (Etcd(config.etcd, config.security,
+                                     timeout=max(0.5, config.alive_ttl / 3)) if config.ha else None)
+        self.election = Election(self.registry, self.name, self.addr, ha=config.ha,
+                                 ttl=config.alive_ttl, margin_s=config.ha_margin,
+                                 keepalive_etcd=self._keepalive_etcd, on_lost=self._lease_lost)
+        self.store: CheckpointStore | FencedCheckpointStore = FencedCheckpointStore(
+            self.registry, self.name, self.election)
+        self.filter = TxnFilter(config.filter)
+        self.epoch = 0
         self.metrics = DrainerMetrics(self)
         self.schema = SchemaHistory()
         self.sink: Sink | None = None
@@ -130,9 +164,11 @@ class DrainerServer:
         self._data = asyncio.Event()
         self._room = asyncio.Event()
         self._stop = asyncio.Event()
+        self._stop_waiting = threading.Event()   # ends a standby's wait (SIGTERM)
         self._request: str | None = None     # "pause" | "close" | "resume", done by the merge loop
         self._fatal: BaseException | None = None
         self._side_tasks: set[asyncio.Task[Any]] = set()
+        self._server: Any = None
 
     # -- start --------------------------------------------------------------------------------
 
@@ -155,32 +191,88 @@ class DrainerServer:
 
     async def _register(self) -> NodeState:
         """Register status online (or finish a pausing/closing left by a crash); start alive."""
-        info = await asyncio.to_thread(self.registry.get, NodeKind.DRAINER, self.name)
+        info = await self._check_not_offline()
         ckpt = self.durable_ts
-        if info is not None and info.state == NodeState.OFFLINE:
-            raise errors.ConfigError(
-                f"drainer {self.name} is offline in the registry: pumps no longer keep binlogs "
-                "for it; start it under a new name")
+        epoch = self.epoch
         target = NodeState.ONLINE
         if info is not None and info.state == NodeState.PAUSING:
             target = NodeState.PAUSED
         elif info is not None and info.state == NodeState.CLOSING:
             target = NodeState.OFFLINE
         if info is None:
+            self.election.check()
             await asyncio.to_thread(self.registry.register, NodeStatus(
                 node_id=self.name, kind=NodeKind.DRAINER, addr=self.addr, state=target,
-                checkpoint=ckpt))
+                checkpoint=ckpt, epoch=epoch))
         else:
             def to_target(old: NodeStatus) -> NodeStatus:
-                return dataclasses.replace(old, addr=self.addr, state=target, checkpoint=ckpt)
+                if old.epoch > epoch:
+                    raise self.election.fenced_error("registering the status")
+                labels = {k: v for k, v in old.labels.items() if k != "standby"}
+                return dataclasses.replace(old, addr=self.addr, state=target, checkpoint=ckpt,
+                                           epoch=epoch, labels=labels)
+            self.election.check()
             await asyncio.to_thread(self.registry.update, NodeKind.DRAINER, self.name, to_target)
         if target != NodeState.OFFLINE:
-            self._heartbeat = self.registry.heartbeat(NodeKind.DRAINER, self.name,
-                                                      self.config.alive_ttl)
-            await asyncio.to_thread(self._heartbeat.start)
-        log.info("drainer %s registered %s at %s (checkpoint %d)", self.name, target.value,
-                 self.addr, ckpt)
+            if self.config.ha:
+                # Bound to the leader lease: the alive key vanishes exactly with our leadership,
+                # and a stalled old instance can never put it back over the new one's.
+                hb = self.registry.heartbeat(NodeKind.DRAINER, self.name, self.config.alive_ttl)
+                await asyncio.to_thread(self.election.put_alive, hb.key, hb.value)
+            else:
+                self._heartbeat = self.registry.heartbeat(NodeKind.DRAINER, self.name,
+                                                          self.config.alive_ttl)
+                await asyncio.to_thread(self._heartbeat.start)
+        log.info("drainer %s registered %s at %s (checkpoint %d, epoch %d)", self.name,
+                 target.value, self.addr, ckpt, epoch)
         return target
+
+    async def _check_not_offline(self) -> NodeInfo | None:
+        info = await asyncio.to_thread(self.registry.get, NodeKind.DRAINER, self.name)
+        if info is not None and info.state == NodeState.OFFLINE:
+            raise errors.ConfigError(
+                f"drainer {self.name} is offline in the registry: pumps no longer keep binlogs "
+                "for it; start it under a new name")
+        return info
+
+    # -- epoch and fencing --------------------------------------------------------------------
+
+    async def _take_epoch(self) -> bool:
+        """Become the active instance (ha: wait as a standby). False: stopped while waiting."""
+        if not self.config.ha:
+            term = await asyncio.to_thread(self.election.take_without_ha)
+        else:
+            log.info("drainer %s at %s: ha on, campaigning (lease ttl %ds, margin %.1fs)",
+                     self.name, self.addr, self.config.alive_ttl, self.config.ha_margin)
+            term = await asyncio.to_thread(self.election.campaign, self._stop_waiting)
+            if term is None:
+                log.info("drainer %s: standby at %s stopped while waiting", self.name, self.addr)
+                return False
+        self.epoch = term.epoch
+        self.metrics.epoch.set(term.epoch)
+        self.metrics.ha_active.set(1)
+        return True
+
+    def _guard(self) -> None:
+        """Right before anything reaches the sink: are we certainly still the active instance?"""
+        self.election.check()
+
+    def _lease_lost(self, reason: str) -> None:
+        # Keeper thread: the loop may be busy or stalled; stop the process from here.
+        self._exit_fenced(reason)
+
+    def _exit_fenced(self, reason: str) -> None:
+        """Exit now: no flush, no checkpoint, no sink close — buffered output would be a stale
+        write. What was applied but not checkpointed is applied again by the new active one."""
+        log.critical("drainer %s at %s (epoch %d) is no longer certainly the active instance and "
+                     "stops at once, writing nothing more: %s", self.name, self.addr, self.epoch,
+                     reason)
+        for h in logging.getLogger().handlers:
+            try:
+                h.flush()
+            except Exception:  # noqa: BLE001 - exiting anyway
+                pass
+        os._exit(EXIT_FENCED)
 
     def _new_merger(self) -> None:
         positions = decode_positions(self.cp.positions)
@@ -188,18 +280,47 @@ class DrainerServer:
         self._position_log.clear()
         self.merger = Merger(self.durable_ts, positions, self.config.dedupe_window)
 
+    def _on_signal(self) -> None:
+        self._stop.set()
+        self._stop_waiting.set()
+
     async def run_forever(self) -> int:
         loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal)
+        self.metrics.serve(self.config.metrics_addr)
+        self.metrics.ha_active.set(0)
+        try:
+            if not await self._take_epoch():
+                self._close_etcd()
+                return 0
+        except BaseException:
+            self._close_etcd()
+            raise
+        try:
+            return await self._run_active()
+        except errors.StaleEpoch as e:
+            # Before any cleanup below can flush a buffered write to the sink.
+            self._exit_fenced(str(e))
+            raise
+        finally:
+            await self._shutdown()
+
+    async def _run_active(self) -> int:
+        loop = asyncio.get_running_loop()
+        await self._check_not_offline()
         cp = await self._initial_checkpoint()
         self.cp, self.durable_ts = cp, cp.commit_ts
         if cp.schema is not None:
             self.schema = SchemaHistory.from_bytes(cp.schema)
         self.sink = load_sink(self.config.sink, self.config.to, schema=self.schema,
                               source_name=self.config.source_name, drainer_name=self.name,
-                              cluster_id=self.config.cluster_id, epoch=0)
+                              cluster_id=self.config.cluster_id, epoch=self.epoch,
+                              fence=self._guard)
         self._raw = bool(getattr(self.sink, "accepts_raw", False))
         self._follows_merge = bool(getattr(self.sink, "checkpoint_follows_merge", True))
         self._want_schema = cp.schema is None and not self._raw
+        self._guard()
         await self.sink.open(cp)
         sc = self.sink.checkpoint()
         self.cp = dataclasses.replace(cp, sink_state=sc.sink_state)
@@ -211,9 +332,7 @@ class DrainerServer:
         pbg.add_DrainerServicer_to_server(DrainerService(self), server)
         grpcutil.add_port(server, self.config.addr, self.config.security)
         await server.start()
-        self.metrics.serve(self.config.metrics_addr)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+        self._server = server
         tasks: list[asyncio.Task[Any]] = []
         code = 0
         try:
@@ -264,20 +383,38 @@ class DrainerServer:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self._stop_readers()
-            for t in list(self._side_tasks):
-                t.cancel()
-            if self.discovery is not None:
-                await asyncio.to_thread(self.discovery.stop)
+
+    async def _shutdown(self) -> None:
+        server = self._server
+        await self._stop_readers()
+        for t in list(self._side_tasks):
+            t.cancel()
+        if self.discovery is not None:
+            await asyncio.to_thread(self.discovery.stop)
+        if server is not None:
             await server.stop(grace=0.5)
-            if self.sink is not None:
-                try:
-                    await self.sink.close()
-                except Exception as e:  # noqa: BLE001 - closing after a failure: report, go on
-                    log.warning("sink close failed: %s", e)
-            if self._heartbeat is not None:
-                await asyncio.to_thread(self._heartbeat.stop)
-            self.etcd.close()
+        if self.sink is not None:
+            # Closing flushes buffered output: only while we are still the active instance.
+            try:
+                self._guard()
+            except errors.StaleEpoch as e:
+                self._exit_fenced(str(e))
+            try:
+                await self.sink.close()
+            except errors.StaleEpoch as e:
+                self._exit_fenced(str(e))
+            except Exception as e:  # noqa: BLE001 - closing after a failure: report, go on
+                log.warning("sink close failed: %s", e)
+        if self._heartbeat is not None:
+            await asyncio.to_thread(self._heartbeat.stop)
+        # Nothing of ours can land any more: let a standby take over without waiting.
+        await asyncio.to_thread(self.election.release)
+        self._close_etcd()
+
+    def _close_etcd(self) -> None:
+        self.etcd.close()
+        if self._keepalive_etcd is not None:
+            self._keepalive_etcd.close()
 
     # -- pumps in the merge -------------------------------------------------------------------
 
@@ -473,6 +610,7 @@ class DrainerServer:
             # (commit_ts, start_ts, binlogs): RawTxn's fields, built as plain tuples (cheaper).
             batch = [(it[0], it[1], it[5]) for it in items]
             await self._raise_dispatched(items[-1][0])
+            self._guard()
             sink.apply_raw(batch)  # type: ignore[attr-defined]
             applied = items
             nbin = sum(map(len, map(_payload, items)))
@@ -481,6 +619,8 @@ class DrainerServer:
             applied = []
             nbin = 0
             schema = self.schema
+            filt = self.filter if self.filter.active else None
+            nfiltered = 0
             for it in items:
                 payload = it[5]
                 try:
@@ -495,11 +635,21 @@ class DrainerServer:
                 pv = txn.prewrite
                 if pv.schema_snapshots or pv.HasField("ddl"):
                     schema.apply(txn)
-                txns.append(txn)
                 applied.append(it)
                 nbin += len(payload)
+                if filt is not None:
+                    # After the schema effects: a table filtered today still decodes tomorrow.
+                    kept = filt.filter(txn)
+                    if kept is None:
+                        nfiltered += 1   # still applied: the checkpoint moves past it
+                        continue
+                    txn = kept
+                txns.append(txn)
+            if nfiltered:
+                self.metrics.filtered.inc(nfiltered)
             if txns:
                 await self._raise_dispatched(txns[-1].commit_ts)
+                self._guard()
                 await sink.apply(txns)
         for it in applied:
             pos = it[4]
@@ -540,6 +690,7 @@ class DrainerServer:
         # Read before the flush: everything emitted up to it has been applied, and the flush
         # makes it durable. Later emissions are not covered by this flush.
         w = self.merger.merge_watermark if self.merger is not None else self.durable_ts
+        self._guard()
         await sink.flush()
         if self.txns_out != self._txns_at_save:
             # Between the sink write and the checkpoint, when there is something to lose.
@@ -578,6 +729,8 @@ class DrainerServer:
                 continue
             if info is None:
                 continue
+            if self.config.ha:
+                await self._show_standbys(info)
             want = info.state
             if want == NodeState.PAUSING and self.state == NodeState.ONLINE.value:
                 self._ask("pause")
@@ -585,6 +738,29 @@ class DrainerServer:
                 self._ask("close")
             elif want == NodeState.ONLINE and self.state == NodeState.PAUSED.value:
                 self._ask("resume")
+
+    async def _show_standbys(self, info: NodeInfo) -> None:
+        """Mirror the live standby keys into the status label `standby` (for `ctl drainers`)."""
+        try:
+            standbys = ",".join(await asyncio.to_thread(list_standbys, self.registry, self.name))
+        except errors.EtcdUnavailable:
+            return
+        if info.status.labels.get("standby", "") == standbys:
+            return
+        epoch = self.epoch
+
+        def label(old: NodeStatus) -> NodeStatus:
+            if old.epoch > epoch:
+                raise self.election.fenced_error("updating the standby label")
+            labels = {k: v for k, v in old.labels.items() if k != "standby"}
+            if standbys:
+                labels["standby"] = standbys
+            return dataclasses.replace(old, labels=labels)
+        self._guard()
+        try:
+            await asyncio.to_thread(self.registry.update, NodeKind.DRAINER, self.name, label)
+        except errors.EtcdUnavailable as e:
+            log.warning("registry unavailable: %s", e)
 
     def _ask(self, what: str) -> None:
         if self._request is None:
@@ -608,8 +784,13 @@ class DrainerServer:
             done = NodeState.PAUSED if what == "pause" else NodeState.OFFLINE
             ckpt = self.durable_ts
 
+            epoch = self.epoch
+
             def finish(old: NodeStatus) -> NodeStatus:
+                if old.epoch > epoch:
+                    raise self.election.fenced_error(f"setting the state {done.value}")
                 return dataclasses.replace(old, state=done, checkpoint=ckpt)
+            self._guard()
             try:
                 await asyncio.to_thread(self.registry.update, NodeKind.DRAINER, self.name, finish)
             except errors.IllegalTransition as e:

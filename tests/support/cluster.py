@@ -157,20 +157,27 @@ class Cluster:
 
     def start_drainer(self, name: str = "drainer-1", sink: str = "file",
                       env: dict[str, str] | None = None, wait_online: bool = True,
-                      **settings: object) -> DrainerHandle:
+                      instance: str | None = None, **settings: object) -> DrainerHandle:
         """Start (or restart, same address and output dir) drainer `name`; extra settings are
-        config keys (`initial-commit-ts`, `to.consumers`, ...)."""
-        old = self.drainers.get(name)
+        config keys (`initial-commit-ts`, `to.consumers`, ...).
+
+        `instance` runs another process under the same drainer name (HA: pass `ha=True`), with
+        its own address, metrics address and log, sharing the name's output dir (the sink's
+        "shared storage"); its handle is `drainers[instance]`."""
+        key = instance or name
+        old = self.drainers.get(key)
+        sibling = next((h for h in self.drainers.values() if h.name == name), None)
         addr = old.addr if old else f"127.0.0.1:{free_port()}"
         metrics_addr = old.metrics_addr if old else f"127.0.0.1:{free_port()}"
-        out_dir = old.out_dir if old else self.workdir / f"{name}-out"
+        out_dir = (old.out_dir if old else sibling.out_dir if sibling
+                   else self.workdir / f"{name}-out")
         merged = {**(old.settings if old else {}), **settings}
         full = self.drainer_settings(name, addr, sink, out_dir, metrics_addr, **merged)
-        proc = Proc(name, sluice_argv("drainer", *set_args(full)), self.workdir / f"{name}.log",
+        proc = Proc(key, sluice_argv("drainer", *set_args(full)), self.workdir / f"{key}.log",
                     env=env).start()
         self.procs.append(proc)
         handle = DrainerHandle(name, addr, proc, sink, out_dir, metrics_addr, merged)
-        self.drainers[name] = handle
+        self.drainers[key] = handle
         if wait_online:
             self.wait_drainer_online(handle)
         return handle
@@ -186,11 +193,21 @@ class Cluster:
                 raise AssertionError(f"{handle.name} exited:\n{handle.proc.log_text()[-3000:]}")
             info = reg.get(NodeKind.DRAINER, handle.name)
             return (info is not None and info.alive and info.state.value == "online"
+                    and info.status.addr == handle.addr
                     and "online: merging" in handle.proc.log_text())
         try:
             wait_until(online, timeout, 0.1, what=f"{handle.name} online")
         finally:
             etcd.close()
+
+    def wait_drainer_standby(self, handle: DrainerHandle, timeout: float = 30) -> None:
+        """Until an HA instance says it waits as a standby (another instance is active)."""
+        def waiting() -> bool:
+            if not handle.proc.alive():
+                raise AssertionError(f"{handle.name} at {handle.addr} exited:\n"
+                                     f"{handle.proc.log_text()[-3000:]}")
+            return "waiting" in handle.proc.log_text()
+        wait_until(waiting, timeout, 0.1, what=f"{handle.name} at {handle.addr} standing by")
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
