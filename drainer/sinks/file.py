@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -127,8 +128,12 @@ def describe_table(info: pb.TableInfo) -> dict[str, Any]:
 class FileSink(Sink):
     name = "file"
 
-    def __init__(self, options: FileSinkConfig, schema: SchemaLookup, source_name: str = "sluice") -> None:
+    def __init__(self, options: FileSinkConfig, schema: SchemaLookup, source_name: str = "sluice",
+                 fence: Callable[[], None] | None = None) -> None:
         self._cfg = options
+        # HA: raises StaleEpoch once this drainer may no longer write (checked before every write
+        # and flush, so a drainer frozen past its lease writes at most the chunk it was in).
+        self._fence = fence or (lambda: None)
         self._schema = schema
         self._source_name = source_name
         self._dir = Path(options.dir)
@@ -146,7 +151,7 @@ class FileSink(Sink):
         schema = context.get("schema")
         if schema is None:
             raise InvalidArgument("file sink needs the drainer's schema lookup (context 'schema')")
-        return cls(cfg, schema, context.get("source_name") or "sluice")
+        return cls(cfg, schema, context.get("source_name") or "sluice", context.get("fence"))
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -243,6 +248,7 @@ class FileSink(Sink):
                 continue
             if self._offset and self._offset + len(chunk) > self._cfg.max_file_size:
                 self._rotate_sync()
+            self._fence()
             self._file.write(chunk)
             self._offset += len(chunk)
 
@@ -255,6 +261,7 @@ class FileSink(Sink):
         self._open_file(self._seq + 1, truncate_to=0)
 
     def _sync_file(self, f: BinaryIO) -> None:
+        self._fence()
         f.flush()
         if self._cfg.fsync:
             os.fsync(f.fileno())
