@@ -1,0 +1,203 @@
+"""Read-only snapshots: chunks read in a consistent snapshot, held in order with the binlog.
+
+Invariant: a chunk read inside `START TRANSACTION WITH CONSISTENT SNAPSHOT` equals the source
+state at its binlog position p (MariaDB's Binlog_snapshot_file/position: every transaction
+before p and none after is visible), and it is emitted after every source transaction that
+starts before p and before every one that starts at or after p. Nothing is written to the
+source.
+
+How (`ConsistentReadHold`): the worker registers a ticket *before* it starts the transaction.
+Until the ticket knows p, the binlog reader may not emit any transaction it reads after the
+registration (p is at or past the binlog end at registration, so those could be on either side);
+once p is known, transactions before p flow and those at or after p are held until the chunk's
+rows arrive. The chunk goes out when the reader has passed p (it offered a transaction at or
+after p, or reported `reader_at` >= p), anchored on the last transaction emitted (emit.py).
+Held transactions are kept in order in memory; `held` tells the caller how many (it stops reading
+the binlog when too many are held: back-pressure, not memory growth).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from sluice.capture.snapshot.chunks import Chunk
+from sluice.capture.snapshot.emit import ChunkEmission, Stamper
+from sluice.capture.snapshot.keys import TableShape
+from sluice.capture.snapshot.reader import RowConverter, chunk_sql
+from sluice.core.errors import FailedPrecondition
+from sluice.proto import sluice_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConsistentReadHold", "Ticket", "Released", "read_chunk_consistent", "binlog_coord"]
+
+_FileOff = tuple[int, int]
+
+
+def binlog_coord(file_name: str, offset: int) -> _FileOff:
+    """(file_seq, offset) of a binlog coordinate such as ("mariadb-bin.000003", 1234)."""
+    stem, _, seq = file_name.rpartition(".")
+    if not stem or not seq.isdigit():
+        raise FailedPrecondition(f"binlog file name {file_name!r} has no numeric suffix")
+    return int(seq), int(offset)
+
+
+@dataclasses.dataclass(eq=False)
+class Ticket:
+    """One chunk read: registered, then its snapshot position, then its rows."""
+
+    id: int
+    p: _FileOff | None = None
+    shape: TableShape | None = None
+    chunk: Chunk | None = None
+    rows: tuple[pb.Row, ...] | None = None
+    after_seq: int = 0                  # offers numbered <= this came before registration
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Released:
+    """In emission order: a held source transaction (`txn`) or a chunk (`chunk`)."""
+
+    txn: Any = None
+    chunk: ChunkEmission | None = None
+
+
+class ConsistentReadHold:
+    def __init__(self, start_position: pb.Position | None = None) -> None:
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._tickets: dict[int, Ticket] = {}
+        self._held: deque[tuple[int, _FileOff, pb.Position, Any]] = deque()
+        self._seq = 0                      # offers so far
+        self._reader_at: _FileOff = (0, 0)
+        self._stamper = Stamper(start_position)
+        if start_position is not None and (start_position.file_seq or start_position.offset):
+            self._reader_at = (start_position.file_seq, start_position.offset)
+
+    # -- worker side --------------------------------------------------------------------------
+
+    def register(self) -> Ticket:
+        """Before START TRANSACTION WITH CONSISTENT SNAPSHOT."""
+        with self._lock:
+            t = Ticket(id=next(self._ids), after_seq=self._seq)
+            self._tickets[t.id] = t
+            return t
+
+    def set_position(self, ticket: Ticket, file_name: str, offset: int) -> None:
+        with self._lock:
+            ticket.p = binlog_coord(file_name, offset)
+
+    def complete(self, ticket: Ticket, shape: TableShape, chunk: Chunk,
+                 rows: Sequence[pb.Row]) -> None:
+        with self._lock:
+            if ticket.p is None:
+                raise FailedPrecondition(f"chunk {chunk.index} of {chunk.table} completed before "
+                                         "its snapshot position was set")
+            ticket.shape, ticket.chunk, ticket.rows = shape, chunk, tuple(rows)
+
+    def abandon(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._tickets.pop(ticket.id, None)
+
+    # -- reader side --------------------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._tickets)
+
+    def offer(self, txn: Any, position: pb.Position) -> list[Released]:
+        """The next source transaction (commit order); returns what may be emitted now."""
+        with self._lock:
+            self._seq += 1
+            coord = (position.file_seq, position.offset)
+            self._held.append((self._seq, coord, position, txn))
+            if coord > self._reader_at:
+                self._reader_at = coord
+            return self._drain()
+
+    def reader_at(self, file_seq: int, offset: int) -> list[Released]:
+        """The reader has read every event before (file_seq, offset) (heartbeat, idle source)."""
+        with self._lock:
+            if (file_seq, offset) > self._reader_at:
+                self._reader_at = (file_seq, offset)
+            return self._drain()
+
+    def poll(self) -> list[Released]:
+        """Chunks (and transactions behind them) released by a completion while the reader idles."""
+        with self._lock:
+            return self._drain()
+
+    def _blocked(self, seq: int, coord: _FileOff) -> bool:
+        for t in self._tickets.values():
+            if t.p is None:
+                if seq > t.after_seq:
+                    return True
+            elif coord >= t.p:
+                return True
+        return False
+
+    def _drain(self) -> list[Released]:
+        out: list[Released] = []
+        while True:
+            progressed = False
+            while self._held and not self._blocked(self._held[0][0], self._held[0][1]):
+                _, _, pos, txn = self._held.popleft()
+                self._stamper.passed(pos)
+                out.append(Released(txn=txn))
+                progressed = True
+            # A complete chunk goes out once nothing before its p is still held and the reader
+            # has passed p; the smallest p first.
+            ready = sorted((t for t in self._tickets.values()
+                            if t.rows is not None and t.p is not None), key=lambda t: (t.p, t.id))
+            for t in ready:
+                assert t.p is not None and t.shape is not None and t.chunk is not None
+                if self._held and self._held[0][1] < t.p:
+                    break
+                if self._reader_at < t.p:
+                    break
+                del self._tickets[t.id]
+                out.append(Released(chunk=ChunkEmission(
+                    window_id=f"ro-{t.id}", shape=t.shape, chunk=t.chunk, rows=t.rows or (),
+                    position=self._stamper.stamp(), dropped=0)))
+                progressed = True
+            if not progressed:
+                return out
+
+
+def read_chunk_consistent(conn: Any, hold: ConsistentReadHold, shape: TableShape, chunk: Chunk,
+                          condition: str = "", converter: RowConverter | None = None) -> Ticket:
+    """Read one chunk the read-only way on `conn` (a `snapshot_connect` connection) and hand it
+    to the hold. No locks are taken and nothing is written."""
+    ticket = hold.register()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            try:
+                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+                status = {k.lower(): v for k, v in cur.fetchall()}
+                hold.set_position(ticket, status["binlog_snapshot_file"],
+                                  int(status["binlog_snapshot_position"]))
+                sql, params = chunk_sql(shape, chunk, condition)
+                cur.execute(sql, params)
+                raw = cur.fetchall()
+            finally:
+                cur.execute("COMMIT")
+        conv = converter or RowConverter(shape.columns)
+        hold.complete(ticket, shape, chunk, [conv.row(r) for r in raw])
+        log.debug("consistent chunk read", extra={"fields": {
+            "table": chunk.table, "chunk": chunk.index, "rows": len(raw), "p": ticket.p}})
+        return ticket
+    except BaseException:
+        hold.abandon(ticket)
+        raise
