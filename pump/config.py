@@ -32,6 +32,7 @@ class PumpConfig:
     gc_interval: float = 60.0
     gc_force: bool = False               # ignore drainer checkpoints (loses data they need)
     score: int = 100                     # routing weight for the client's `score` strategy
+    replicas: int = 1                    # cluster-wide copies of each binlog (must match etcd)
     metrics_addr: str = ""
     storage: StorageConfig = field(default_factory=StorageConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)

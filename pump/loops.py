@@ -64,12 +64,52 @@ async def resolve_loop(server: "PumpServer") -> None:
             del warned[start_ts]
 
 
+OUTBOX_LABEL = "outbox-dsn"
+OUTBOX_TIMEOUT_S = 5.0
+
+
 async def _resolve_one(server: "PumpServer", start_ts: int, producer_id: str) -> None:
+    """Ask the producer's TxnStatus; when it is not alive or unreachable and it registered an
+    outbox DSN, decide by writing to its outbox instead (DESIGN §5), so a pump never waits on
+    an application that is down."""
     info = await asyncio.to_thread(server.registry.get, NodeKind.PRODUCER, producer_id)
-    if info is None or not info.status.addr:
+    if info is None:
         raise errors.Unavailable(f"producer {producer_id!r} is not registered; resolve by hand "
                                  f"with `sluice ctl resolve-txn --start-ts {start_ts}`")
-    channel = grpcutil.aio_channel(info.status.addr, server.config.security)
+    dsn = info.status.labels.get(OUTBOX_LABEL, "")
+    state: int | None = None
+    commit_ts = 0
+    how = ""
+    if info.status.addr and (info.alive or not dsn):
+        try:
+            state, commit_ts = await _txn_status(server, info.status.addr, start_ts)
+            how = "TxnStatus"
+        except (errors.Unavailable, errors.DeadlineExceeded) as e:
+            if not dsn:
+                raise
+            log.info("producer %s TxnStatus unreachable (%s): deciding start_ts=%d by its "
+                     "outbox", producer_id, e, start_ts)
+    if state is None:
+        if not dsn:
+            raise errors.Unavailable(f"producer {producer_id!r} has no TxnStatus address and no "
+                                     f"{OUTBOX_LABEL} label; resolve by hand with `sluice ctl "
+                                     f"resolve-txn --start-ts {start_ts}`")
+        state, commit_ts = await _decide_by_outbox(dsn, start_ts)
+        how = "its outbox"
+    if state == pb.TXN_COMMITTED:
+        log.info("producer %s (%s): start_ts=%d committed at %d", producer_id, how, start_ts,
+                 commit_ts)
+        await server.storage.resolve(start_ts, commit_ts)
+    elif state == pb.TXN_ROLLED_BACK:
+        log.info("producer %s (%s): start_ts=%d rolled back", producer_id, how, start_ts)
+        await server.storage.resolve(start_ts, None)
+    else:
+        raise errors.Unavailable(f"producer {producer_id} ({how}) does not know yet (state "
+                                 f"{pb.TxnState.Name(state)})")
+
+
+async def _txn_status(server: "PumpServer", addr: str, start_ts: int) -> tuple[int, int]:
+    channel = grpcutil.aio_channel(addr, server.config.security)
     try:
         resp = await pbg.ProducerStub(channel).TxnStatus(
             pb.TxnStatusReq(cluster_id=server.config.cluster_id, start_ts=start_ts), timeout=5)
@@ -77,15 +117,24 @@ async def _resolve_one(server: "PumpServer", start_ts: int, producer_id: str) ->
         raise grpcutil.to_sluice_error(e) from None
     finally:
         await channel.close()
-    if resp.state == pb.TXN_COMMITTED:
-        log.info("producer %s says start_ts=%d committed at %d", producer_id, start_ts, resp.commit_ts)
-        await server.storage.resolve(start_ts, resp.commit_ts)
-    elif resp.state == pb.TXN_ROLLED_BACK:
-        log.info("producer %s says start_ts=%d rolled back", producer_id, start_ts)
-        await server.storage.resolve(start_ts, None)
-    else:
-        raise errors.Unavailable(f"producer {producer_id} does not know yet (state "
-                                 f"{pb.TxnState.Name(resp.state)})")
+    return resp.state, resp.commit_ts
+
+
+async def _decide_by_outbox(dsn: str, start_ts: int) -> tuple[int, int]:
+    try:
+        # Imported here: only pumps that meet an outbox producer need pymysql.
+        from sluice.client.outbox import decide_by_writing
+    except ImportError as e:
+        raise errors.Unavailable(f"outbox resolution is not available in this build ({e})") \
+            from None
+    try:
+        return await asyncio.to_thread(decide_by_writing, dsn, start_ts, OUTBOX_TIMEOUT_S)
+    except errors.SluiceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a database error must not stop the resolver
+        # The message may echo connection details: name the error type only, never the DSN.
+        raise errors.Unavailable(f"outbox decision for start_ts={start_ts} failed: "
+                                 f"{type(e).__name__}") from None
 
 
 async def gc_loop(server: "PumpServer") -> None:

@@ -24,14 +24,13 @@ from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
 from sluice.core.tso_client import TSOClient
 from sluice.proto import sluice_pb2 as pb
-from sluice.proto import sluice_pb2_grpc as pbg
 from sluice.pump.storage.storage import Storage, StorageOptions
 
 from .config import PumpConfig
 from .lifecycle import Lifecycle
 from .loops import fake_binlog_loop, gc_loop, resolve_loop
 from .metrics import PumpMetrics
-from .service import PumpService
+from .service import PumpService, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +72,53 @@ def check_prerequisites(config: PumpConfig) -> None:
     except OSError as e:
         raise errors.ConfigError(f"data-dir {data}: not writable ({e.strerror}); "
                                  "fix its permissions or choose another data-dir") from None
+    if config.replicas < 1:
+        raise errors.ConfigError(f"replicas = {config.replicas}: must be >= 1")
     etcd = Etcd(config.etcd, config.security, timeout=3)
     try:
         etcd.revision()
+        registry = Registry(etcd, config.cluster_id)
+        check_replicas(registry, config.replicas)
+        check_not_lost(registry, config.resolved_node_id())
     except errors.EtcdUnavailable as e:
         raise errors.ConfigError(f"etcd {config.etcd}: unreachable ({e}); start etcd or fix "
                                  "the `etcd` key") from None
     finally:
         etcd.close()
+
+
+CLUSTER_CONFIG = "config"   # registry.cluster_key: {"replicas": N}, shared by pumps and clients
+
+
+def check_replicas(registry: Registry, replicas: int) -> None:
+    """The cluster-wide replica count is set once: the first pump creates it (compare-and-swap
+    create), every later pump must agree — a pump that disagreed would hold a different share
+    of the cluster's copies than the clients write."""
+    key = registry.cluster_key(CLUSTER_CONFIG)
+    for _ in range(100):
+        stored, rev = registry.get_json_rev(CLUSTER_CONFIG)
+        if isinstance(stored, dict) and "replicas" in stored:
+            if stored["replicas"] != replicas:
+                raise errors.ConfigError(
+                    f"replicas = {replicas} but the cluster's etcd key {key} says replicas = "
+                    f"{stored['replicas']}: set replicas = {stored['replicas']} in the pump "
+                    "config (the value is cluster-wide)")
+            return
+        new = {**(stored if isinstance(stored, dict) else {}), "replicas": replicas}
+        if registry.cas_json(CLUSTER_CONFIG, rev, new):
+            log.info("cluster config %s created: replicas = %d", key, replicas)
+            return
+    raise errors.EtcdUnavailable(f"{key} kept changing while the pump read it")
+
+
+def check_not_lost(registry: Registry, node_id: str) -> None:
+    """A pump marked lost (`sluice ctl mark-lost`) had its data given up: drainers stopped
+    waiting for it, so serving that data now could only reorder or duplicate it."""
+    info = registry.get(NodeKind.PUMP, node_id)
+    if info is not None and info.status.labels.get("lost") == "true":
+        raise errors.ConfigError(
+            f"pump {node_id} was marked lost (`sluice ctl mark-lost`): its data was given up "
+            "and drainers no longer read it; start it with a new node-id and an empty data-dir")
 
 
 class PumpServer:
@@ -146,7 +184,7 @@ class PumpServer:
         self._loop = asyncio.get_running_loop()
         self.storage.add_listener(self._on_group)
         server = grpcutil.aio_server(self.config.security)
-        pbg.add_PumpServicer_to_server(PumpService(self), server)
+        add_to_server(PumpService(self), server)
         grpcutil.add_port(server, self.config.addr, self.config.security)
         await server.start()
         self.metrics.serve(self.config.metrics_addr)

@@ -17,13 +17,14 @@ from sluice.core import errors, failpoint
 from sluice.core.grpcutil import check_cluster, handle_errors
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
+from sluice.pump.storage.reader import varint
 
 if TYPE_CHECKING:
     from .server import PumpServer
 
 log = logging.getLogger(__name__)
 
-PULL_MESSAGE_BYTES = 4 << 20   # payload bytes per PullBinlogs response
+PULL_MESSAGE_BYTES = 2 << 20   # payload bytes per PullBinlogs response (about)
 
 
 class PumpService(pbg.PumpServicer):
@@ -63,12 +64,14 @@ class PumpService(pbg.PumpServicer):
     # -- reads -----------------------------------------------------------------------------
     @handle_errors
     async def PullBinlogs(self, request: pb.PullBinlogsReq, context: grpc.aio.ServicerContext
-                          ) -> AsyncIterator[pb.PullBinlogsResp]:
+                          ) -> AsyncIterator[bytes]:
+        """Yields serialized PullBinlogsResp messages (see `add_to_server`): the storage reader
+        returns payloads already framed as the `binlogs` field."""
         check_cluster(request, self.cluster_id)
         after = request.after_commit_ts
         if after < 0:
             raise errors.InvalidArgument(f"after_commit_ts must be >= 0, got {after}")
-        gc_ts = self.storage.stats().get("gc_ts", 0)
+        gc_ts = self.storage.gc_ts
         if after < gc_ts:
             raise errors.OutOfRange(
                 f"after_commit_ts {after} is below this pump's GC ts {gc_ts}: the binlogs it "
@@ -77,23 +80,36 @@ class PumpService(pbg.PumpServicer):
         changed = asyncio.Event()
         unsubscribe = self.server.subscribe(changed)
         self.server.pullers_changed(+1)
-        reader = _ChunkReader(self.storage, after)
+        reader = None
         try:
+            if request.with_schema:
+                # Schema history at or below `after` first (contract: PullBinlogsReq.with_schema).
+                preamble = self.storage.open_schema_reader(after)
+                try:
+                    while True:
+                        chunk = await asyncio.to_thread(preamble.next_chunk, PULL_MESSAGE_BYTES)
+                        if chunk.count:
+                            yield chunk.frames + _tail(after, schema_only=True)
+                        if chunk.exhausted:
+                            break
+                finally:
+                    preamble.close()
+            reader = self.storage.open_reader(after)
             last_sent_wm = -1
             while True:
                 changed.clear()
-                items, wm, exhausted = await asyncio.to_thread(reader.next_chunk, PULL_MESSAGE_BYTES)
-                if items or wm > last_sent_wm:
-                    yield pb.PullBinlogsResp(binlogs=items, watermark=wm)
-                    last_sent_wm = wm
-                if exhausted:
+                chunk = await asyncio.to_thread(reader.next_chunk, PULL_MESSAGE_BYTES)
+                if chunk.count or chunk.covered > last_sent_wm:
+                    yield chunk.frames + _tail(chunk.covered)
+                    last_sent_wm = chunk.covered
+                if chunk.exhausted:
                     try:
                         await asyncio.wait_for(changed.wait(), timeout=1.0)
                     except asyncio.TimeoutError:
                         pass
-                    reader.restart_if_exhausted()
         finally:
-            reader.close()
+            if reader is not None:
+                reader.close()
             unsubscribe()
             self.server.pullers_changed(-1)
 
@@ -157,64 +173,33 @@ def _check_start_ts(request: pb.GetCommitReq | pb.ResolveTxnReq, cluster_id: int
         raise errors.InvalidArgument(f"start_ts must be > 0, got {request.start_ts}")
 
 
-class _ChunkReader:
-    """Reads commit-ordered payloads in chunks of about max_bytes, in a worker thread.
+def _tail(watermark: int, schema_only: bool = False) -> bytes:
+    """PullBinlogsResp fields 2 (watermark) and 3 (schema_only), wire-encoded."""
+    out = b"\x10" + varint(watermark & 0xFFFFFFFFFFFFFFFF) if watermark else b""
+    return out + b"\x18\x01" if schema_only else out
 
-    A huge transaction spans several chunks; `watermark` only ever names a commit_ts whose
-    transaction was sent whole, so a consumer that checkpoints on it never skips a part.
-    """
 
-    def __init__(self, storage, after: int) -> None:  # type: ignore[no-untyped-def]
-        self.storage = storage
-        self.after = after              # last commit_ts sent whole
-        self._it = None
-        self._wm = after
-        self._pending: tuple[int, bytes] | None = None
-        self._exhausted = True
+def _passthrough(message: bytes | pb.PullBinlogsResp) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
-    def _open(self) -> None:
-        # The iterator covers commit_ts <= the served watermark at its creation, which is at
-        # least the value read here, so reporting this value never over-claims.
-        self._wm = max(self.after, self.storage.served_watermark)
-        self._it = iter(self.storage.iter_committed(self.after))
-        self._exhausted = False
 
-    def restart_if_exhausted(self) -> None:
-        if self._exhausted:
-            self.close()
-
-    def next_chunk(self, max_bytes: int) -> tuple[list[bytes], int, bool]:
-        if self._it is None:
-            self._open()
-        items: list[bytes] = []
-        size = 0
-        current = self.after
-        while True:
-            if self._pending is not None:
-                ts, payload = self._pending
-                self._pending = None
-            else:
-                try:
-                    ts, payload = next(self._it)  # type: ignore[arg-type]
-                except StopIteration:
-                    self._exhausted = True
-                    if items:
-                        self.after = max(self.after, current)
-                    return items, max(self.after, self._wm), True
-            if ts != current and current != self.after:
-                # `current` completed: a transaction boundary.
-                self.after = current
-                if size >= max_bytes:
-                    self._pending = (ts, payload)
-                    return items, self.after, False
-            current = ts
-            items.append(payload)
-            size += len(payload)
-            if size >= 4 * max_bytes:
-                # Mid-transaction split of a huge transaction: watermark stays at the last whole one.
-                return items, self.after, False
-
-    def close(self) -> None:
-        it, self._it = self._it, None
-        if it is not None and hasattr(it, "close"):
-            it.close()
+def add_to_server(service: PumpService, server: grpc.aio.Server) -> None:
+    """Register the Pump service like the generated `add_PumpServicer_to_server`, except that
+    PullBinlogs responses may be yielded already serialized (the read path frames payloads
+    straight from the value log; re-encoding them as messages cost most of its time)."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Pump"].methods:
+        req = getattr(pb, method.input_type.name)
+        resp = getattr(pb, method.output_type.name)
+        fn = getattr(service, method.name)
+        if method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                fn, request_deserializer=req.FromString,
+                response_serializer=_passthrough if method.name == "PullBinlogs"
+                else resp.SerializeToString)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("sluice.v1.Pump",
+                                                                           handlers),))
+    server.add_registered_method_handlers("sluice.v1.Pump", handlers)

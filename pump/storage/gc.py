@@ -1,8 +1,13 @@
 """Value-log garbage collection: which whole segments may go (DESIGN §2.8, §3 GC).
 
 Invariant: a segment is deleted only when every record in it has ts <= safe ts and every prewrite
-in it was committed or rolled back at <= safe ts; the active segment and the segments holding the
-latest schema-bearing transaction of each table are never deleted.
+in it was committed or rolled back at <= safe ts; the active segment and the segments holding a
+pinned schema-bearing transaction are never deleted.
+
+Schema pins: for every table, the latest schema-bearing transaction with commit_ts <= safe ts and
+every later one stay pinned, so a reader resuming at any commit_ts >= the GC ts can be given the
+table's schema as it was at that point (the PullBinlogs schema preamble). Older pins of the
+table are dropped: no reader at or above the GC ts needs them.
 
 `plan` is pure; `scan` lists the index keys that point into the chosen segments. The storage
 facade runs the plan and the final delete in its committer thread (ordered with writes) and the
@@ -30,7 +35,28 @@ class SegmentSummary:
 class GCPlan:
     safe_ts: int
     segments: frozenset[int]           # to delete
-    kept_schema: frozenset[int]        # deletable by age, kept for a table's latest schema
+    kept_schema: frozenset[int]        # deletable by age, kept for a pinned schema transaction
+    dropped_pins: tuple[tuple[int, int], ...] = ()   # (table_id, commit_ts) no longer needed
+
+
+# table_id -> its pins (commit_ts, segments), sorted by commit_ts
+Pins = Mapping[int, tuple[tuple[int, frozenset[int]], ...]]
+
+
+def retained_pins(pins: Pins, safe_ts: int
+                  ) -> tuple[dict[int, tuple[tuple[int, frozenset[int]], ...]],
+                             list[tuple[int, int]]]:
+    """(pins kept per table, (table_id, commit_ts) of the pins dropped) at `safe_ts`."""
+    kept: dict[int, tuple[tuple[int, frozenset[int]], ...]] = {}
+    dropped: list[tuple[int, int]] = []
+    for table, table_pins in pins.items():
+        base = 0   # index of the latest pin at or below safe_ts
+        for i, (commit_ts, _) in enumerate(table_pins):
+            if commit_ts <= safe_ts:
+                base = i
+        kept[table] = table_pins[base:]
+        dropped.extend((table, commit_ts) for commit_ts, _ in table_pins[:base])
+    return kept, dropped
 
 
 @dataclass(frozen=True)
@@ -43,17 +69,21 @@ class GCStats:
 
 
 def plan(safe_ts: int, summaries: Mapping[int, SegmentSummary], active_segment: int,
-         pending_segments: Iterable[int], schema_segments: Iterable[int]) -> GCPlan:
+         pending_segments: Iterable[int], pins: Pins) -> GCPlan:
     """The segments that may be deleted at `safe_ts` (see the module invariant)."""
     busy = set(pending_segments)
-    schema = set(schema_segments)
+    kept_pins, dropped = retained_pins(pins, safe_ts)
+    schema: set[int] = set()
+    for table_pins in kept_pins.values():
+        for _, segs in table_pins:
+            schema.update(segs)
     dead, kept = set(), set()
     for seg, s in summaries.items():
         if seg == active_segment or seg in busy:
             continue
         if s.max_ts <= safe_ts and s.max_need_ts <= safe_ts:
             (kept if seg in schema else dead).add(seg)
-    return GCPlan(safe_ts, frozenset(dead), frozenset(kept))
+    return GCPlan(safe_ts, frozenset(dead), frozenset(kept), tuple(dropped))
 
 
 def scan(db: plyvel.DB, p: GCPlan) -> list[bytes]:

@@ -8,11 +8,15 @@ Keyspaces (first byte):
     e | commit_ts(8) | type(1) | part_no(4)   COMMIT and FAKE entries, in commit order
     s | start_ts(8)  | type(1) | part_no(4)   PREWRITE parts and ROLLBACK entries
       value of an entry: segment(4) | offset(8) | length(4) | hash(8) | start_ts(8)
+      a COMMIT of a single-part prewrite appends the prewrite's segment(4) | offset(8) |
+      length(4), so commit-ordered reads join without an `s` lookup (32-byte COMMIT values,
+      and every multi-part prewrite, are joined by an `s` prefix scan)
     t | start_ts(8)  -> state(1) | commit_ts(8) | hash(8) of the resolving binlog
     u | start_ts(8)  -> an unresolved prewrite: part_count(4) | wall_ms(8) | n_tables(4) |
                         table_id(8)* | producer_id (utf-8)
     g | segment(4)   -> segment summary: max_ts(8) | max_commit_ts_of_its_prewrites(8)
-    k | table_id(8)  -> latest schema-bearing transaction: commit_ts(8) | segment(4)*
+    k | table_id(8) | commit_ts(8) -> a schema pin: the value-log segments (4 each) of a
+                        schema-bearing transaction, kept by GC (see gc.retained_pins)
     p | producer_id  -> epoch(8) | len(4) position | len(4) snapshot   (len 0xFFFFFFFF = none)
     m | name         -> metadata (format version, vlog end, watermark, max ts, gc ts)
 """
@@ -41,6 +45,8 @@ META_GC_TS = M + b"gc_ts"
 _ENTRY_KEY = struct.Struct(">cQBI")
 _TS_KEY = struct.Struct(">cQ")
 _ENTRY_VAL = struct.Struct(">IQI8sq")
+_COMMIT_VAL = struct.Struct(">IQI8sqIQI")
+_PIN_KEY = struct.Struct(">cqq")
 _TXN_VAL = struct.Struct(">Bq8s")
 _U_HEAD = struct.Struct(">IqI")
 _SEG_KEY = struct.Struct(">cI")
@@ -55,7 +61,12 @@ TXN_ROLLED_BACK = pb.TXN_ROLLED_BACK
 
 entry_key_pack = _ENTRY_KEY.pack
 entry_val_pack = _ENTRY_VAL.pack
-entry_val_unpack = _ENTRY_VAL.unpack
+entry_val_unpack = _ENTRY_VAL.unpack_from   # COMMIT values may be longer (see above)
+entry_val_unpack_from = _ENTRY_VAL.unpack_from
+commit_val_pack = _COMMIT_VAL.pack
+commit_val_unpack = _COMMIT_VAL.unpack
+ENTRY_VAL_SIZE = _ENTRY_VAL.size
+COMMIT_VAL_SIZE = _COMMIT_VAL.size
 txn_val_pack = _TXN_VAL.pack
 txn_val_unpack = _TXN_VAL.unpack
 
@@ -87,7 +98,7 @@ class Entry:
 
 
 def parse_entry(value: bytes) -> Entry:
-    return Entry(*_ENTRY_VAL.unpack(value))
+    return Entry(*_ENTRY_VAL.unpack_from(value))
 
 
 def seg_key(segment: int) -> bytes:
@@ -122,21 +133,31 @@ def parse_int(value: bytes | None, default: int = 0) -> int:
     return default if value is None else _Q.unpack(value)[0]
 
 
-def table_key(table_id: int) -> bytes:
-    return K + _Q.pack(table_id)
+def pin_key(table_id: int, commit_ts: int) -> bytes:
+    return _PIN_KEY.pack(K, table_id, commit_ts)
 
 
-def parse_table_key(key: bytes) -> int:
-    return _Q.unpack_from(key, 1)[0]
+def parse_pin(key: bytes, value: bytes) -> tuple[int, int, frozenset[int]]:
+    """(table_id, commit_ts, segments) of a `k` entry.
+
+    Also reads the first layout (`k` table_id -> commit_ts | segments, one pin per table);
+    recovery rewrites such entries in the current layout.
+    """
+    if len(key) == 1 + 8:
+        table_id = _Q.unpack_from(key, 1)[0]
+        commit_ts = _Q.unpack_from(value)[0]
+        return table_id, commit_ts, _segments(value, 8)
+    _, table_id, commit_ts = _PIN_KEY.unpack(key)
+    return table_id, commit_ts, _segments(value, 0)
 
 
-def schema_val(commit_ts: int, segments: frozenset[int]) -> bytes:
-    return _Q.pack(commit_ts) + b"".join(_I.pack(s) for s in sorted(segments))
+def pin_val(segments: frozenset[int]) -> bytes:
+    return b"".join(_I.pack(s) for s in sorted(segments))
 
 
-def parse_schema_val(value: bytes) -> tuple[int, frozenset[int]]:
-    segs = frozenset(_I.unpack_from(value, 8 + 4 * i)[0] for i in range((len(value) - 8) // 4))
-    return _Q.unpack_from(value)[0], segs
+def _segments(value: bytes, pos: int) -> frozenset[int]:
+    return frozenset(_I.unpack_from(value, pos + 4 * i)[0]
+                     for i in range((len(value) - pos) // 4))
 
 
 def unresolved_val(part_count: int, wall_ms: int, tables: tuple[int, ...], producer_id: str

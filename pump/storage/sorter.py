@@ -40,6 +40,9 @@ class Pending(NamedTuple):
     since: float = 0.0                      # time.monotonic() of the first part
     segments: frozenset[int] = frozenset()  # value-log segments holding its parts
     tables: tuple[int, ...] = ()            # table ids whose schema this transaction carries
+    # (segment, offset, length) of a single-part prewrite's record once durable: the commit's
+    # index entry carries it, so commit-ordered reads join without an index lookup.
+    loc: tuple[int, int, int] | None = None
 
     @property
     def complete(self) -> bool:
@@ -54,7 +57,7 @@ class Pending(NamedTuple):
         if segment is not None and segment not in segs:
             segs = segs | {segment}
         return Pending(self.start_ts, self.part_count, self.parts | (1 << part_no),
-                       self.producer_id, self.since, segs, self.tables)
+                       self.producer_id, self.since, segs, self.tables, self.loc)
 
 
 def check_part(existing: Pending | None, start_ts: int, part_no: int, part_count: int) -> None:

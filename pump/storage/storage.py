@@ -39,8 +39,10 @@ from sluice.proto import sluice_pb2 as pb
 from . import gc as gcmod
 from . import index as ix
 from .gc import GCStats, SegmentSummary
+from .reader import CommitReader
+from .schema import multipart_schema_tables, schema_tables
 from .sorter import Pending, Sorter, UnresolvedTxn, check_commit, check_part
-from .vlog import Location, ValueLog
+from .vlog import HEADER_SIZE, Location, ValueLog
 
 log = logging.getLogger(__name__)
 
@@ -120,67 +122,6 @@ def _hash(payload: bytes, crc: int) -> bytes:
     return _HASH.pack(crc, zlib.crc32(payload))
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-
-
-def _schema_tables(prewrite_value: bytes) -> tuple[int, ...]:
-    """Table ids whose schema a (single-part) PrewriteValue declares: DDL or schema snapshots."""
-    # Walk the top-level fields first: almost no prewrite carries a DDL (field 3) or schema
-    # snapshots (field 4), and a full parse costs more than the rest of the write path.
-    buf, pos, end = prewrite_value, 0, len(prewrite_value)
-    fields = 0
-    try:
-        while pos < end:
-            fields += 1
-            if fields > 32:  # not a typical PrewriteValue: let the parser decide
-                break
-            tag = buf[pos]
-            if tag < 0x80:
-                pos += 1
-            else:
-                tag, pos = _varint(buf, pos)
-            wire = tag & 7
-            if wire == 2:
-                if tag == 0x1A or tag == 0x22:
-                    break
-                n = buf[pos]
-                if n < 0x80:
-                    pos += 1 + n
-                else:
-                    n, pos = _varint(buf, pos)
-                    pos += n
-            elif wire == 0:
-                _, pos = _varint(buf, pos)
-            elif wire == 1:
-                pos += 8
-            elif wire == 5:
-                pos += 4
-            else:
-                return ()
-        else:
-            return ()
-        pv = pb.PrewriteValue.FromString(prewrite_value)
-    except (IndexError, ValueError, DecodeError):
-        return ()
-    tables: list[int] = []
-    if pv.HasField("ddl"):
-        tid = pv.ddl.table_id or pv.ddl.table_info.table_id
-        if tid:
-            tables.append(tid)
-    tables.extend(t.table_id for t in pv.schema_snapshots if t.table_id)
-    return tuple(dict.fromkeys(tables))
-
-
 def _complete(items: list[tuple[Any, Any, BaseException | None]]) -> None:
     for fut, result, error in items:
         if fut.done():
@@ -205,7 +146,9 @@ class Storage:
         self._gc_ts = 0
         self._producers: dict[str, tuple[int, bytes | None, bytes | None]] = {}
         self._summaries: dict[int, SegmentSummary] = {}
-        self._schema: dict[int, tuple[int, frozenset[int]]] = {}
+        # table_id -> schema pins (commit_ts, segments), sorted; replaced, never mutated, so
+        # readers in other threads may take the dict as it is
+        self._schema: dict[int, tuple[tuple[int, frozenset[int]], ...]] = {}
         self._listeners: list[Callable[[int], None]] = []
         self._queue: queue.SimpleQueue[_Req] = queue.SimpleQueue()
         self._carry: list[_Req] = []
@@ -277,8 +220,19 @@ class Storage:
                               ix.parse_int(db.get(ix.META_MAX_TS)))
         for key, val in db.iterator(prefix=ix.P):
             self._producers[key[1:].decode()] = ix.parse_producer_val(val)
+        pins: dict[int, list[tuple[int, frozenset[int]]]] = {}
+        legacy: list[tuple[bytes, int, int, frozenset[int]]] = []
         for key, val in db.iterator(prefix=ix.K):
-            self._schema[ix.parse_table_key(key)] = ix.parse_schema_val(val)
+            table, commit_ts, segs = ix.parse_pin(key, val)
+            pins.setdefault(table, []).append((commit_ts, segs))
+            if len(key) != len(ix.pin_key(0, 0)):
+                legacy.append((key, table, commit_ts, segs))
+        if legacy:
+            with db.write_batch(sync=self.options.sync) as wb:
+                for key, table, commit_ts, segs in legacy:
+                    wb.delete(key)
+                    wb.put(ix.pin_key(table, commit_ts), ix.pin_val(segs))
+        self._schema = {t: tuple(sorted(p)) for t, p in pins.items()}
         now_mono, now_wall = time.monotonic(), time.time()
         for key, val in db.iterator(prefix=ix.U):
             start_ts = ix.parse_ts_key(key)
@@ -287,7 +241,10 @@ class Storage:
                         now_mono - max(0.0, now_wall - wall_ms / 1000), frozenset(), tables)
             prefix = ix.ts_key(ix.S, start_ts) + bytes([_PREWRITE])
             for pkey, pval in db.iterator(prefix=prefix):
-                p = p.with_part(ix.parse_entry_key(pkey)[3], ix.entry_val_unpack(pval)[0])
+                seg, off, length = ix.entry_val_unpack(pval)[:3]
+                p = p.with_part(ix.parse_entry_key(pkey)[3], seg)
+                if part_count == 1:
+                    p = p._replace(loc=(seg, off, length))
             self._sorter.put(p)
         self._served = self._sorter.advance()
         log.info("storage %s open: vlog end %s:%d (%d bytes of unacknowledged tail dropped), "
@@ -422,6 +379,33 @@ class Storage:
             if txn_end and size >= max_bytes:
                 return out, commit_ts
         return out, max(watermark, after_commit_ts)
+
+    def open_reader(self, after_commit_ts: int) -> CommitReader:
+        """A PullBinlogs reader of everything after `after_commit_ts`, following live
+        (OUT_OF_RANGE below the GC ts). See pump/storage/reader.py."""
+        self._check_readable(after_commit_ts)
+        return CommitReader(self._db, self._vlog, after_commit_ts, lambda: self._served)
+
+    def schema_commits(self, after_commit_ts: int) -> list[int]:
+        """commit_ts of the latest schema-bearing transaction of every table committed at or
+        below `after_commit_ts` (GC keeps them: see gc.retained_pins)."""
+        out: set[int] = set()
+        for table_pins in list(self._schema.values()):
+            best = None
+            for commit_ts, _ in table_pins:
+                if commit_ts > after_commit_ts:
+                    break
+                best = commit_ts
+            if best is not None:
+                out.add(best)
+        return sorted(out)
+
+    def open_schema_reader(self, after_commit_ts: int) -> CommitReader:
+        """A reader of the schema preamble for a stream resuming after `after_commit_ts`: the
+        transactions of `schema_commits`, in commit order, each whole."""
+        self._check_readable(after_commit_ts)
+        return CommitReader(self._db, self._vlog, after_commit_ts, lambda: self._served,
+                            commits=self.schema_commits(after_commit_ts))
 
     async def gc(self, safe_ts: int) -> GCStats:
         """Delete whole segments no reader at or above `safe_ts` needs (see pump/storage/gc.py)."""
@@ -708,7 +692,8 @@ class Storage:
                         f"{'committed' if t[0] == _COMMITTED else 'rolled back'}; a new prewrite "
                         "part cannot be added")
             if p is None:
-                tables = _schema_tables(b.prewrite_value) if part_count == 1 else ()
+                # A multi-part prewrite's schema is found once all its parts are there (commit).
+                tables = schema_tables(b.prewrite_value) if part_count == 1 else ()
                 p = Pending(start_ts, part_count, 0, pid, time.monotonic(), frozenset(), tables)
             else:
                 check_part(p, start_ts, part_no, part_count)
@@ -739,6 +724,8 @@ class Storage:
                                     "another transaction")
             check_commit(p, start_ts, commit_ts, self._served)
             assert p is not None
+            if p.part_count > 1:
+                p = p._replace(tables=self._multipart_tables(st, grp, start_ts, p.part_count))
             st.pending[start_ts] = None
             st.txn[start_ts] = (_COMMITTED, commit_ts, h)
             st.keys[key] = h
@@ -819,11 +806,24 @@ class Storage:
         summaries = self._summaries
         touched: dict[int, SegmentSummary] = {}
         part_segs: dict[int, set[int]] = {}
-        meta = grp.meta
+        # start_ts -> (segment, offset, length) of a prewrite record of this group
+        part_locs: dict[int, tuple[int, int, int]] = {}
+        commit_of = {rec_idx: p for _, _, p, rec_idx in grp.commits}
+        meta, records = grp.meta, grp.records
+        cpack = ix.commit_val_pack
         for j, loc in enumerate(locs):
             key, h, aux, ts, part_of = meta[j]
             seg = loc.segment
-            put(key, pack(seg, loc.offset, len(grp.records[j]), h, aux))
+            length = len(records[j])
+            p = commit_of.get(j) if aux else None
+            if p is not None and p.part_count == 1:
+                ploc = part_locs.get(aux) or p.loc
+                if ploc is not None:
+                    put(key, cpack(seg, loc.offset, length, h, aux, *ploc))
+                else:
+                    put(key, pack(seg, loc.offset, length, h, aux))
+            else:
+                put(key, pack(seg, loc.offset, length, h, aux))
             sm = touched.get(seg)
             if sm is None:
                 sm = touched[seg] = summaries.get(seg) or SegmentSummary()
@@ -831,6 +831,7 @@ class Storage:
                 sm.max_ts = ts
             if part_of:
                 part_segs.setdefault(part_of, set()).add(seg)
+                part_locs[part_of] = (seg, loc.offset, length)
         for start_ts, t in grp.txn.items():
             put(ix.ts_key(ix.T, start_ts), ix.txn_val_pack(*t))
         sorter_pending = self._sorter.pending
@@ -842,7 +843,8 @@ class Storage:
             elif start_ts not in sorter_pending:
                 put(ix.ts_key(ix.U, start_ts),
                     ix.unresolved_val(p.part_count, now_wall_ms, p.tables, p.producer_id))
-        schema_updates: dict[int, tuple[int, frozenset[int]]] = {}
+        schema_updates: dict[int, tuple[tuple[int, frozenset[int]], ...]] = {}
+        new_pins: list[tuple[int, int, frozenset[int]]] = []
         for start_ts, commit_ts, p, rec_idx in grp.commits:
             segs = set(p.segments)
             segs.update(part_segs.get(start_ts, ()))
@@ -854,14 +856,15 @@ class Storage:
                     sm.max_need_ts = commit_ts
             if p.tables:
                 segs.add(locs[rec_idx].segment)
+                pin_segs = frozenset(segs)
                 for table in p.tables:
-                    cur = schema_updates.get(table) or self._schema.get(table)
-                    if cur is None or commit_ts > cur[0]:
-                        schema_updates[table] = (commit_ts, frozenset(segs))
+                    cur = schema_updates.get(table) or self._schema.get(table, ())
+                    schema_updates[table] = tuple(sorted((*cur, (commit_ts, pin_segs))))
+                    new_pins.append((table, commit_ts, pin_segs))
         for seg, sm in touched.items():
             put(ix.seg_key(seg), ix.summary_val(sm.max_ts, sm.max_need_ts))
-        for table, v in schema_updates.items():
-            put(ix.table_key(table), ix.schema_val(*v))
+        for table, commit_ts, pin_segs in new_pins:
+            put(ix.pin_key(table, commit_ts), ix.pin_val(pin_segs))
         for pid, rec in grp.producers.items():
             put(ix.producer_key(pid), ix.producer_val(*rec))
         end = vlog.end
@@ -884,7 +887,8 @@ class Storage:
             else:
                 segs = part_segs.get(start_ts)
                 if segs:
-                    p = p._replace(segments=p.segments | segs)
+                    p = p._replace(segments=p.segments | segs,
+                                   loc=part_locs[start_ts] if p.part_count == 1 else None)
                 sorter.put(p)
         sorter.observe(max_ts)
         self._served = sorter.advance()
@@ -899,14 +903,11 @@ class Storage:
         pending_segs: set[int] = set()
         for p in self._sorter.pending.values():
             pending_segs.update(p.segments)
-        schema_segs: set[int] = set()
-        for _, segs in self._schema.values():
-            schema_segs.update(segs)
         return gcmod.plan(safe, self._summaries, self._vlog.end.segment, pending_segs,
-                          schema_segs)
+                          self._schema)
 
     def _gc_apply(self, plan: gcmod.GCPlan, keys: list[bytes]) -> GCStats:
-        if not plan.segments:
+        if not plan.segments and not plan.dropped_pins:
             # Nothing deleted: readers from older ts still get everything, so the GC ts (the
             # bound below which reads are refused) must not move.
             return GCStats(self._gc_ts, (), tuple(sorted(plan.kept_schema)), 0, 0)
@@ -915,8 +916,20 @@ class Storage:
             wb.delete(key)
         for seg in plan.segments:
             wb.delete(ix.seg_key(seg))
-        wb.put(ix.META_GC_TS, ix.int_val(plan.safe_ts))
+        for table, commit_ts in plan.dropped_pins:
+            wb.delete(ix.pin_key(table, commit_ts))
+        if plan.segments:
+            wb.put(ix.META_GC_TS, ix.int_val(plan.safe_ts))
         wb.write()
+        if plan.dropped_pins:
+            gone: dict[int, set[int]] = {}
+            for table, commit_ts in plan.dropped_pins:
+                gone.setdefault(table, set()).add(commit_ts)
+            for table, commits in gone.items():
+                self._schema[table] = tuple(pin for pin in self._schema.get(table, ())
+                                            if pin[0] not in commits)
+        if not plan.segments:
+            return GCStats(self._gc_ts, (), tuple(sorted(plan.kept_schema)), 0, 0)
         self._gc_ts = plan.safe_ts
         freed = 0
         for seg in sorted(plan.segments):
@@ -933,30 +946,47 @@ class Storage:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def _iter(self, after_commit_ts: int, watermark: int | None = None
-              ) -> Iterator[tuple[int, bytes, bool]]:
+    def _check_readable(self, after_commit_ts: int) -> None:
         if self._closed:
             raise FailedPrecondition("storage is closed")
         if after_commit_ts < self._gc_ts:
             raise OutOfRange(f"commit_ts {after_commit_ts} is below the GC ts {self._gc_ts}: "
                              "those binlogs were garbage collected")
-        if watermark is None:
-            watermark = self._served
-        if watermark <= after_commit_ts:
-            return
-        yield from self._iter_range(after_commit_ts, watermark)
 
-    def _iter_range(self, after: int, watermark: int) -> Iterator[tuple[int, bytes, bool]]:
-        db = self._db
-        reader = self._vlog.reader()
-        unpack = ix.entry_val_unpack
-        for key, val in db.iterator(start=ix.ts_key(ix.E, max(after + 1, 0)),
-                                    stop=ix.ts_key(ix.E, watermark + 1)):
-            commit_ts, tp = ix.parse_entry_key(key)[1:3]
-            seg, off, length, _, start_ts = unpack(val)
-            if tp == _COMMIT:
-                prefix = ix.ts_key(ix.S, start_ts) + bytes([_PREWRITE])
-                for _, pval in db.iterator(prefix=prefix):
-                    pseg, poff, plen, _, _ = unpack(pval)
-                    yield commit_ts, reader.read(Location(pseg, poff), plen), False
-            yield commit_ts, reader.read(Location(seg, off), length), True
+    def _iter(self, after_commit_ts: int, watermark: int | None = None
+              ) -> Iterator[tuple[int, bytes, bool]]:
+        self._check_readable(after_commit_ts)
+        wm = self._served if watermark is None else watermark
+        reader = CommitReader(self._db, self._vlog, after_commit_ts, lambda: wm)
+        for payload, commit_ts, txn_end in reader.binlogs():
+            yield commit_ts, payload, txn_end
+
+    # -- schema detection of multi-part prewrites (committer thread) ---------------------------
+
+    def _multipart_tables(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int
+                          ) -> tuple[int, ...]:
+        parts: list[tuple[Callable[[int, int], bytes], int]] = []
+        for part_no in range(part_count):
+            key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
+            staged = _staged_record(st, key) or _staged_record(grp, key)
+            if staged is not None:
+                parts.append((lambda off, n, b=staged: b[off:off + n], len(staged)))
+                continue
+            raw = self._db.get(key)
+            if raw is None:   # check_commit saw every part: only a bug gets here
+                raise FailedPrecondition(f"prewrite part {part_no} of start_ts={start_ts} is "
+                                         "not in the index")
+            seg, off, length = ix.entry_val_unpack(raw)[:3]
+            fd = self._vlog.read_fd(seg)
+            base = off + HEADER_SIZE
+            parts.append((lambda o, n, fd=fd, base=base: os.pread(fd, n, base + o), length))
+        return multipart_schema_tables(parts)
+
+
+def _staged_record(stage: _Stage, key: bytes) -> bytes | None:
+    if key not in stage.keys:
+        return None
+    for j, m in enumerate(stage.meta):
+        if m[0] == key:
+            return stage.records[j]
+    return None

@@ -239,7 +239,7 @@ class ValueLog:
 
     # -- reads (any thread) --------------------------------------------------------------------
 
-    def _read_fd(self, segment: int) -> int:
+    def read_fd(self, segment: int) -> int:
         with self._lock:
             fd = self._read_fds.get(segment)
             if fd is None:
@@ -253,7 +253,7 @@ class ValueLog:
 
     def read(self, loc: Location, length: int) -> bytes:
         """Read and check the record at `loc` whose payload is `length` bytes."""
-        buf = os.pread(self._read_fd(loc.segment), HEADER_SIZE + length, loc.offset)
+        buf = os.pread(self.read_fd(loc.segment), HEADER_SIZE + length, loc.offset)
         return self._check(buf, 0, loc, length)
 
     def _check(self, buf: bytes | memoryview, pos: int, loc: Location, length: int) -> bytes:
@@ -352,7 +352,7 @@ class Reader:
                 self._seg = -1
                 self._buf = b""
                 return self._vlog.read(loc, length)
-            fd = self._vlog._read_fd(loc.segment)
+            fd = self._vlog.read_fd(loc.segment)
             self._buf = os.pread(fd, _READ_WINDOW, loc.offset)
             self._seg, self._start, pos = loc.segment, loc.offset, 0
         return self._vlog._check(memoryview(self._buf), pos, loc, length)

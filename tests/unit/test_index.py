@@ -38,7 +38,15 @@ def test_value_encodings_round_trip() -> None:
         (4, 1700000000000, (1, -2), "cap-1")
     assert ix.parse_producer_val(ix.producer_val(7, None, b"")) == (7, None, b"")
     assert ix.parse_producer_val(ix.producer_val(0, b"pos", None)) == (0, b"pos", None)
-    assert ix.parse_schema_val(ix.schema_val(55, frozenset({3, 1}))) == (55, frozenset({1, 3}))
-    assert ix.parse_table_key(ix.table_key(-5)) == -5
+    c = ix.commit_val_pack(3, 1 << 40, 1234, b"12345678", 99, 2, 77, 1000)
+    assert len(c) == ix.COMMIT_VAL_SIZE and ix.parse_entry(c[:ix.ENTRY_VAL_SIZE]) == \
+        ix.Entry(3, 1 << 40, 1234, b"12345678", 99)
+    assert ix.commit_val_unpack(c)[5:] == (2, 77, 1000)
+    assert ix.parse_pin(ix.pin_key(-5, 55), ix.pin_val(frozenset({3, 1}))) == \
+        (-5, 55, frozenset({1, 3}))
+    # the first layout: k table_id -> commit_ts | segments
+    legacy_key = b"k" + (7).to_bytes(8, "big")
+    legacy_val = (55).to_bytes(8, "big") + (1).to_bytes(4, "big") + (3).to_bytes(4, "big")
+    assert ix.parse_pin(legacy_key, legacy_val) == (7, 55, frozenset({1, 3}))
     assert ix.parse_seg_key(ix.seg_key(12)) == 12
     assert ix.parse_summary(ix.summary_val(5, 6)) == (5, 6)
