@@ -91,7 +91,7 @@ class Lifecycle:
             if time.monotonic() - last_warn > 5:
                 last_warn = time.monotonic()
                 log.warning("pump %s waits before accepting writes: %s — start that drainer, or "
-                            "mark it offline with `sluice ctl update-drainer --state offline`",
+                            "take it out with `sluice ctl offline-drainer <drainer-id>`",
                             self.node_id, "; ".join(waiting))
             await asyncio.sleep(0.5)
 
