@@ -1,0 +1,371 @@
+"""SparkSink: commit-ordered transactions -> per-table changelog parquet + views (docs/spark.md).
+
+Invariant: exactly once. A micro-batch becomes visible in every table at one commit point
+(commit.py); the sink's own commit table is the truth on open: transactions with
+commit_ts <= the last committed record are skipped (the drainer's etcd checkpoint may be behind
+it), recovery removes everything uncommitted, and checkpoint() reports the last committed
+record's commit_ts with (batch, epoch) in sink_state.
+
+Batches: `batch-rows` buffered rows or `batch-interval` seconds, and every flush(). A
+primary-key change (and any update of a keyless table) lands as a delete of the old image plus a
+create of the new one, `_seq` 2i and 2i+1 for the transaction's i-th row change.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from sluice.core import failpoint
+from sluice.core.errors import InvalidArgument, SluiceError
+from sluice.core.position import format_position
+from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_config
+from sluice.drainer.txn import SchemaLookup, Txn
+from sluice.proto import sluice_pb2 as pb
+from sluice.spark_sink import tables as T
+from sluice.spark_sink.commit import CommitRecord, Committer, Fenced
+from sluice.spark_sink.config import SparkSinkConfig
+from sluice.spark_sink.layout import Files, Layout, q, sql_str
+from sluice.spark_sink.types import ColumnPlan, plan_columns, row_values
+
+log = logging.getLogger(__name__)
+
+_SHAPED = (pb.CREATE_TABLE, pb.ALTER_TABLE, pb.RENAME_TABLE, pb.TRUNCATE_TABLE)
+
+
+@dataclasses.dataclass
+class _Buffer:
+    rows: dict[int, list[tuple[tuple[Any, ...], list[Any], pb.TableInfo]]] = dataclasses.field(default_factory=dict)
+    count: int = 0
+    last_ts: int = 0
+    first_mono: float = 0.0
+    positions: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class SparkSink(Sink):
+    name = "spark"
+    checkpoint_follows_merge = True   # flush() commits everything applied
+
+    def __init__(self, options: SparkSinkConfig, schema: SchemaLookup, source_name: str = "sluice",
+                 epoch: int = 0, spark: Any = None) -> None:
+        self.cfg = options
+        self._schema = schema
+        self._epoch = int(epoch or 0)
+        self._spark = spark
+        self.layout = Layout(options.root, options.meta_database, options.database, source_name)
+        self.committer: Committer | None = None
+        self.files: Files | None = None
+        self._last: CommitRecord | None = None
+        self._states: dict[int, T.TableState] = {}
+        self._dirty: set[int] = set()          # state to persist before the next batch's files
+        self._views_dirty: set[int] = set()    # views to (re)create after the next commit
+        self._renamed: list[tuple[str, str]] = []
+        self._plans: dict[tuple[int, int], list[ColumnPlan]] = {}
+        self._buf = _Buffer()
+        self._failed: BaseException | None = None
+        self._since_compact: dict[int, int] = {}
+        self.skipped = 0
+
+    @classmethod
+    def from_options(cls, options: Any, **context: Any) -> SparkSink:
+        cfg = options_to_config(SparkSinkConfig, options, "[to] spark sink")
+        schema = context.get("schema")
+        if schema is None:
+            raise InvalidArgument("spark sink needs the drainer's schema lookup (context 'schema')")
+        return cls(cfg, schema, context.get("source_name") or "sluice", context.get("epoch") or 0,
+                   context.get("spark"))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def spark(self) -> Any:
+        return self._spark
+
+    async def open(self, checkpoint: Checkpoint) -> None:
+        await asyncio.to_thread(self._open_sync)
+        if checkpoint.commit_ts > self.committed_ts and self._last is not None:
+            log.info("drainer checkpoint is ahead of the spark commit table", extra={"fields": {
+                "drainer": checkpoint.commit_ts, "spark": self.committed_ts}})
+
+    def _open_sync(self) -> None:
+        if self._spark is None:
+            from sluice.spark_sink.session import session
+            self._spark = session(self.cfg)
+        self.files = Files(self._spark)
+        self.committer = Committer(self._spark, self.layout, self.files)
+        self._last = self.committer.open(self._epoch)
+        self._states = self._load_states()
+        for tid, st in self._states.items():
+            self._write_views(st)
+        log.info("spark sink open", extra={"fields": {
+            "epoch": self._epoch, "batch": self._last.batch if self._last else 0,
+            "commit_ts": self.committed_ts, "tables": len(self._states)}})
+
+    def _load_states(self) -> dict[int, T.TableState]:
+        assert self.committer is not None
+        out: dict[int, T.TableState] = {}
+        for name in self.committer.raw_tables():
+            rows = self._spark.sql(f"SHOW TBLPROPERTIES {q(self.layout.meta, name)} "
+                                   f"('sluice.state')").collect()
+            text = rows[0][1] if rows else ""
+            if not text or "does not have property" in text:
+                continue
+            st = T.TableState.from_json(text)
+            mark = self._view_mark(st)
+            if mark is not None:
+                st = dataclasses.replace(st, base_version=mark[0], base_upto=mark[1])
+            out[st.table_id] = st
+        return out
+
+    def _view_mark(self, st: T.TableState) -> tuple[int, int] | None:
+        try:
+            rows = self._spark.sql(f"DESCRIBE TABLE EXTENDED {self.layout.view(st.db, st.table)}").collect()
+        except Exception:  # noqa: BLE001 - no view yet
+            return None
+        for r in rows:
+            if r[0] == "View Text":
+                return T.parse_view_mark(r[1])
+        return None
+
+    async def close(self) -> None:
+        self._buf = _Buffer()
+
+    @property
+    def committed_ts(self) -> int:
+        return self._last.commit_ts if self._last is not None else 0
+
+    def checkpoint(self) -> SinkCheckpoint:
+        last = self._last
+        if last is None:
+            return SinkCheckpoint(0, {"epoch": self._epoch})
+        return SinkCheckpoint(last.commit_ts, {"batch": last.batch, "epoch": last.epoch,
+                                               "commit_ts": last.commit_ts})
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise SluiceError(f"spark sink failed earlier ({self._failed}); restart the drainer "
+                              "(recovery removes the uncommitted batch)")
+        if self.committer is None:
+            raise SluiceError("spark sink is not open")
+
+    # -- applying -----------------------------------------------------------------------------
+
+    async def apply(self, batch: list[Txn]) -> None:
+        self._check_usable()
+        for txn in batch:
+            if txn.commit_ts <= self.committed_ts:
+                self.skipped += 1
+                continue
+            try:
+                self._schema_effects(txn)
+            except T.UnmappableChange as e:
+                # Stop cleanly: everything before this DDL is committed, nothing after it.
+                await self._commit_buffer()
+                self._failed = e
+                raise
+            self._buffer_txn(txn)
+            if self._buf.count >= self.cfg.batch_rows or (
+                    self._buf.count and time.monotonic() - self._buf.first_mono >= self.cfg.batch_interval):
+                await self._commit_buffer()
+
+    async def flush(self) -> None:
+        self._check_usable()
+        await self._commit_buffer()
+
+    def _schema_effects(self, txn: Txn) -> None:
+        pv = txn.prewrite
+        for info in pv.schema_snapshots:
+            self._evolve(info, "")
+        ddl = txn.ddl
+        if ddl is None:
+            return
+        if ddl.tp in _SHAPED:
+            info = ddl.table_info if ddl.HasField("table_info") else None
+            if info is None and ddl.table_id:
+                info = self._schema.table_at(ddl.table_id, txn.commit_ts)
+            if info is None:
+                log.warning("DDL without a table shape; Spark tables unchanged",
+                            extra={"fields": {"ddl": ddl.query, "commit_ts": txn.commit_ts}})
+                return
+            if ddl.tp == pb.TRUNCATE_TABLE:
+                log.error("TRUNCATE is not applied to the Spark tables (rows stay in the "
+                          "current-state view)", extra={"fields": {
+                              "table": f"{ddl.schema_name}.{ddl.table_name}", "commit_ts": txn.commit_ts}})
+            self._evolve(info, ddl.query or pb.DDLType.Name(ddl.tp))
+
+    def _evolve(self, info: pb.TableInfo, ddl: str) -> T.TableState:
+        old = self._states.get(info.table_id)
+        if old is not None and info.version and info.version <= old.version:
+            # Already folded in (a replay after a restart, or a repeated schema snapshot).
+            return old
+        new = T.evolve(old, info, self.layout, ddl)
+        if new != old:
+            if old is not None and (old.db, old.table) != (new.db, new.table):
+                self._renamed.append((old.db, old.table))
+            self._states[info.table_id] = new
+            self._dirty.add(info.table_id)
+            self._views_dirty.add(info.table_id)
+        return new
+
+    def _buffer_txn(self, txn: Txn) -> None:
+        events = txn.rows(self._schema)
+        buf = self._buf
+        if not events:
+            return
+        pos = format_position(txn.position) if txn.position is not None else None
+        if pos and txn.producer_id:
+            buf.positions[txn.producer_id] = pos
+        src = txn.source
+        ts_ms = (src.ts_ms if src is not None and src.ts_ms else
+                 txn.position.ts_ms if txn.position is not None and txn.position.ts_ms else None)
+        cts, producer = txn.commit_ts, txn.producer_id or None
+        for ev in events:
+            info = ev.table_info
+            st = self._states.get(ev.table_id)
+            if st is None or info.version > st.version:
+                st = self._evolve(info, "")
+            plans = self._plans.get((ev.table_id, info.version))
+            if plans is None:
+                plans = self._plans[(ev.table_id, info.version)] = plan_columns(info)
+            rows = buf.rows.setdefault(ev.table_id, [])
+            seq = ev.seq * 2
+            if ev.op == "d":
+                vals, zero = row_values(ev.before, info, plans)  # type: ignore[arg-type]
+                rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
+                continue
+            vals, zero = row_values(ev.after, info, plans)  # type: ignore[arg-type]
+            if ev.op == "u":
+                bvals, bzero = row_values(ev.before, info, plans)  # type: ignore[arg-type]
+                if self._key_changed(st, plans, bvals, vals):
+                    rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, bzero), bvals, info))
+                    rows.append((("c", cts, seq + 1, info.version, producer, pos, ts_ms, zero), vals, info))
+                    continue
+            rows.append(((ev.op, cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
+        buf.count += len(events)
+        buf.last_ts = cts
+        if not buf.first_mono:
+            buf.first_mono = time.monotonic()
+
+    @staticmethod
+    def _key_changed(st: T.TableState, plans: list[ColumnPlan], before: list[Any], after: list[Any]) -> bool:
+        if not st.key:
+            return before != after
+        names = [p.name.lower() for p in plans]
+        for k in st.key:
+            i = names.index(k.lower())
+            if before[i] != after[i]:
+                return True
+        return False
+
+    # -- committing ---------------------------------------------------------------------------
+
+    async def _commit_buffer(self) -> None:
+        buf, self._buf = self._buf, _Buffer()
+        if not buf.count and not self._dirty and not self._views_dirty:
+            return
+        dirty, self._dirty = set(self._dirty), set()
+        views, self._views_dirty = set(self._views_dirty), set()
+        renamed, self._renamed = list(self._renamed), []
+        states = dict(self._states)
+        try:
+            await asyncio.to_thread(self._commit_sync, buf, states, dirty, views, renamed)
+        except BaseException as e:
+            self._failed = e
+            raise
+
+    def _commit_sync(self, buf: _Buffer, states: dict[int, T.TableState], dirty: set[int],
+                     views: set[int], renamed: list[tuple[str, str]]) -> None:
+        for tid in sorted(dirty):
+            self._persist_state(states[tid])
+        if buf.count:
+            self._commit_batch(buf, states)
+        for db, table in renamed:
+            self._spark.sql(f"DROP VIEW IF EXISTS {self.layout.view(db, table)}")
+            self._spark.sql(f"DROP VIEW IF EXISTS {self.layout.changelog(db, table)}")
+        for tid in sorted(views):
+            self._write_views(states[tid])
+        if buf.count and self.cfg.compact_every:
+            from sluice.spark_sink.compaction import compact
+            for tid in buf.rows:
+                n = self._since_compact.get(tid, 0) + 1
+                self._since_compact[tid] = n
+                if n >= self.cfg.compact_every:
+                    self._states[tid] = compact(self, self._states[tid])
+                    self._since_compact[tid] = 0
+
+    def _persist_state(self, st: T.TableState) -> None:
+        spark, raw, base = self._spark, self.layout.raw(st.table_id), self.layout.base(st.table_id)
+        assert self.files is not None
+        self.files.mkdirs(self.layout.raw_table_dir(st.table_id))
+        self.files.mkdirs(self.layout.base_table_dir(st.table_id))
+        spark.sql(T.create_raw_sql(st, self.layout))
+        spark.sql(T.create_base_sql(st, self.layout))
+        for table in (raw, base):
+            have = {f.name for f in spark.table(table).schema.fields}
+            missing = [(n, t) for n, t in st.phys_columns() if n not in have]
+            if missing:
+                spark.sql(f"ALTER TABLE {table} ADD COLUMNS ("
+                          + ", ".join(f"{q(n)} {t}" for n, t in missing) + ")")
+        spark.sql(f"ALTER TABLE {raw} SET TBLPROPERTIES ('sluice.state' = "
+                  f"{sql_str(st.to_json())})")
+
+    def _write_views(self, st: T.TableState) -> None:
+        spark = self._spark
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS {q(st.db)}")
+        for name, text in ((self.layout.changelog(st.db, st.table), T.changelog_sql(st, self.layout)),
+                           (self.layout.view(st.db, st.table), T.current_view_sql(st, self.layout))):
+            # ALTER VIEW is one metastore update; CREATE OR REPLACE would drop and re-create
+            # (a reader in between would find no table).
+            if spark.catalog.tableExists(name.replace("`", "")):
+                spark.sql(f"ALTER VIEW {name} AS {text}")
+            else:
+                spark.sql(f"CREATE VIEW IF NOT EXISTS {name} AS {text}")
+
+    def _commit_batch(self, buf: _Buffer, states: dict[int, T.TableState]) -> None:
+        from pyspark.sql.types import StructType
+        assert self.committer is not None and self.files is not None
+        spark, layout, epoch = self._spark, self.layout, self._epoch
+        batch = (self._last.batch if self._last is not None else 0) + 1
+        tables = sorted(buf.rows)
+        t0 = time.monotonic()
+        for tid in tables:
+            st = states[tid]
+            phys = st.phys_columns()
+            width = len(phys)
+            index_of: dict[int, list[int]] = {}
+            out = []
+            for meta, vals, info in buf.rows[tid]:
+                idx = index_of.get(info.version)
+                if idx is None:
+                    idx = index_of[info.version] = T.phys_index(st, info)
+                out.append(T.physical_row(meta, vals, idx, width))
+            schema = StructType.fromDDL(", ".join(f"{q(n)} {t}" for n, t in (*T.META_COLUMNS, *phys)))
+            df = spark.createDataFrame(out, schema=schema, verifySchema=False)
+            df = df.coalesce(max(1, min(spark.sparkContext.defaultParallelism, len(out) // 50_000)))
+            df.write.mode("overwrite").parquet(layout.raw_dir(tid, epoch, batch))
+        t1 = time.monotonic()
+        failpoint.inject("spark-after-files")
+        for i, tid in enumerate(tables):
+            spark.sql(f"ALTER TABLE {layout.raw(tid)} ADD IF NOT EXISTS PARTITION "
+                      f"(`_batch`={batch}, `_epoch`={epoch}) LOCATION '{layout.raw_dir(tid, epoch, batch)}'")
+            if i == 0:
+                failpoint.inject("spark-after-some-partitions")
+        prev = self._last
+        positions = {**(prev.positions if prev else {}), **buf.positions}
+        versions = {**(prev.schema_versions if prev else {}),
+                    **{str(tid): states[tid].version for tid in tables}}
+        rec = CommitRecord(batch=batch, epoch=epoch, commit_ts=buf.last_ts, positions=positions,
+                           schema_versions=versions, rows=sum(len(buf.rows[t]) for t in tables),
+                           tables=tuple(tables), created_ms=int(time.time() * 1000))
+        t2 = time.monotonic()
+        self.committer.commit(rec)
+        self._last = rec
+        log.info("spark batch committed", extra={"fields": {
+            "batch": batch, "epoch": epoch, "commit_ts": rec.commit_ts, "rows": rec.rows,
+            "tables": len(tables), "files_s": round(t1 - t0, 2),
+            "partitions_s": round(t2 - t1, 2), "commit_s": round(time.monotonic() - t2, 2)}})
+
+
+__all__ = ["SparkSink", "Fenced"]

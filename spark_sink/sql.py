@@ -1,0 +1,103 @@
+"""`sluice spark-sql "SELECT ..."`: run Spark SQL against the Sluice tables and print the result.
+
+The session uses the same metastore settings as the sink (`--config` with the drainer's `[to]`
+table, or `--metastore host:port`), so it reads exactly what the sink committed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import decimal
+import json
+import sys
+import tomllib
+from typing import Any
+
+from sluice.core import config as _config
+from sluice.core.errors import ConfigError, InvalidArgument
+from sluice.spark_sink.config import SessionConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sql", nargs="+", help="SQL statement(s); each argument is run in order, the "
+                   "last one's result is printed")
+    p.add_argument("--config", "-c", help="drainer TOML file: the session settings are read from "
+                   "its [to] table (master, metastore, spark-conf, ...)")
+    p.add_argument("--metastore", help="host:port of the Derby network server (overrides --config)")
+    p.add_argument("--master", help="Spark master (default local[*])")
+    p.add_argument("--json", action="store_true", help="print one JSON object per row")
+    p.add_argument("--limit", type=int, default=1000, help="rows to print at most (default 1000)")
+
+
+def _session_config(args: argparse.Namespace) -> SessionConfig:
+    data: dict[str, Any] = {}
+    if args.config:
+        try:
+            with open(args.config, "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{args.config}: config file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{args.config}: invalid TOML: {e}") from None
+        to = doc.get("to", doc)
+        fields = {_config.field_key(f) for f in SessionConfig.__dataclass_fields__}
+        data = {k: v for k, v in to.items() if k in fields}
+    if args.metastore:
+        data["metastore"] = args.metastore
+    if args.master:
+        data["master"] = args.master
+    data.setdefault("log-level", "ERROR")
+    conf = dict(data.get("spark-conf") or {})
+    conf.setdefault("spark.ui.showConsoleProgress", "false")
+    data["spark-conf"] = conf
+    return _config.from_dict(SessionConfig, data, args.config or "spark-sql")
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).hex()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, (_dt.datetime, _dt.date)):
+        return v.isoformat()
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def render_table(columns: list[str], rows: list[list[Any]]) -> str:
+    cells = [[("NULL" if v is None else str(v)) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = "+".join("-" * (w + 2) for w in widths)
+    out = [" | ".join(c.ljust(w) for c, w in zip(columns, widths)), line]
+    out += [" | ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.limit <= 0:
+        raise InvalidArgument("--limit must be positive")
+    from sluice.spark_sink.session import session
+    spark = session(_session_config(args))
+    try:
+        df = None
+        for stmt in args.sql:
+            df = spark.sql(stmt)
+        assert df is not None
+        columns = df.columns
+        rows = [[_plain(v) for v in r] for r in df.limit(args.limit).collect()]
+        if args.json:
+            for r in rows:
+                sys.stdout.write(json.dumps(dict(zip(columns, r)), ensure_ascii=False) + "\n")
+        else:
+            sys.stdout.write(render_table(columns, rows) + "\n")
+        sys.stdout.flush()
+        return 0
+    except Exception as e:
+        if type(e).__name__ in ("AnalysisException", "ParseException"):
+            sys.stderr.write(f"sluice spark-sql: {str(e).splitlines()[0]}\n")
+            return 1
+        raise
+    finally:
+        spark.stop()

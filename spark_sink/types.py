@@ -1,0 +1,271 @@
+"""MySQL column types and Datums -> Spark SQL types and values (docs/types.md, Spark column).
+
+Invariant: every value a column can hold lands in its Spark column without loss, or as a
+documented lossless stand-in: DECIMAL beyond 38 digits as its exact text, BIGINT UNSIGNED as
+DECIMAL(20,0), TIME as "[-]HH:MM:SS.ffffff" text, JSON as its text, and a zero or otherwise
+invalid date as NULL with the column named in the row's `_zero_dates` flag.
+
+Timestamps are UTC instants with microseconds (the session runs in UTC).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import decimal
+from collections.abc import Callable
+from typing import Any
+
+from sluice.core.errors import InvalidArgument
+from sluice.proto import sluice_pb2 as pb
+
+MAX_DECIMAL_PRECISION = 38
+_UTC = _dt.timezone.utc
+
+_INT_SIGNED = {"tinyint": "TINYINT", "smallint": "SMALLINT", "mediumint": "INT", "int": "INT",
+               "integer": "INT", "bigint": "BIGINT", "year": "SMALLINT", "bool": "TINYINT",
+               "boolean": "TINYINT"}
+_INT_UNSIGNED = {"tinyint": "SMALLINT", "smallint": "INT", "mediumint": "INT", "int": "BIGINT",
+                 "integer": "BIGINT", "bigint": "DECIMAL(20,0)", "year": "SMALLINT"}
+_STRING = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set",
+                     "json", "time", "uuid", "inet4", "inet6"})
+_BINARY = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob",
+                     "geometry", "point", "linestring", "polygon", "multipoint",
+                     "multilinestring", "multipolygon", "geometrycollection"})
+_DOUBLE = frozenset({"float", "double", "real"})
+_DECIMAL = frozenset({"decimal", "numeric", "newdecimal", "fixed"})
+_TIMESTAMP = frozenset({"datetime", "timestamp"})
+_DATE = frozenset({"date", "newdate"})
+
+# Integral Spark types by width, for widening checks.
+_INTEGRAL_RANK = {"TINYINT": 1, "SMALLINT": 2, "INT": 3, "BIGINT": 4}
+
+
+class UnsupportedType(InvalidArgument):
+    """A column type the Spark sink has no mapping for."""
+
+
+def spark_type(col: pb.ColumnInfo) -> str:
+    """The Spark SQL type (DDL text) for a column."""
+    dt = col.data_type.lower()
+    if dt in _INT_SIGNED:
+        return (_INT_UNSIGNED if col.unsigned else _INT_SIGNED).get(dt, "BIGINT")
+    if dt == "bit":
+        return "DECIMAL(20,0)" if (col.length or 1) > 63 else "BIGINT"
+    if dt in _DOUBLE:
+        return "DOUBLE"
+    if dt in _DECIMAL:
+        p = col.precision or 10
+        if p > MAX_DECIMAL_PRECISION:
+            return "STRING"
+        return f"DECIMAL({p},{col.scale})"
+    if dt in _TIMESTAMP:
+        return "TIMESTAMP"
+    if dt in _DATE:
+        return "DATE"
+    if dt in _STRING:
+        return "STRING"
+    if dt in _BINARY:
+        return "BINARY"
+    raise UnsupportedType(f"column {col.name}: MySQL type {col.column_type or dt!r} has no Spark "
+                          "mapping")
+
+
+def _decimal_parts(t: str) -> tuple[int, int] | None:
+    if t.startswith("DECIMAL("):
+        p, s = t[8:-1].split(",")
+        return int(p), int(s)
+    return None
+
+
+def widens(old: str, new: str) -> bool:
+    """True when every value of Spark type `old` is exactly representable in `new` by a cast."""
+    if old == new:
+        return True
+    if new == "STRING":
+        return old not in ("BINARY",)  # every other value has an exact text form
+    if old in _INTEGRAL_RANK and new in _INTEGRAL_RANK:
+        return _INTEGRAL_RANK[old] <= _INTEGRAL_RANK[new]
+    digits = {"TINYINT": 3, "SMALLINT": 5, "INT": 10, "BIGINT": 19}
+    nd = _decimal_parts(new)
+    if old in digits and nd is not None:
+        return nd[0] - nd[1] >= digits[old]
+    od = _decimal_parts(old)
+    if od is not None and nd is not None:
+        return nd[1] >= od[1] and nd[0] - nd[1] >= od[0] - od[1]
+    if old == "DATE" and new == "TIMESTAMP":
+        return True
+    if old in ("TINYINT", "SMALLINT", "INT") and new == "DOUBLE":
+        return True
+    return False
+
+
+def time_text(v: pb.TimeValue) -> str:
+    sign = "-" if v.negative else ""
+    return f"{sign}{v.hours:02d}:{v.minutes:02d}:{v.seconds:02d}.{v.microseconds:06d}"
+
+
+def _datetime_text(v: pb.DateTimeValue) -> str:
+    return (f"{v.year:04d}-{v.month:02d}-{v.day:02d} {v.hour:02d}:{v.minute:02d}:{v.second:02d}"
+            f".{v.microsecond:06d}")
+
+
+_ZERO = object()  # a zero/invalid date: NULL in its column, named in _zero_dates
+
+
+def _conv_int(d: pb.Datum) -> Any:
+    k = d.WhichOneof("value")
+    if k == "int":
+        return d.int
+    if k == "uint":
+        return d.uint
+    if k == "bytes":
+        return int.from_bytes(d.bytes, "big")
+    if k == "decimal":
+        return int(decimal.Decimal(d.decimal))
+    if k == "double":
+        return int(d.double)
+    if k == "str":
+        return int(d.str)
+    return _bad(d, "an integer")
+
+
+def _conv_dec(d: pb.Datum) -> Any:
+    k = d.WhichOneof("value")
+    if k == "decimal":
+        return decimal.Decimal(d.decimal)
+    if k == "uint":
+        return decimal.Decimal(d.uint)
+    if k == "int":
+        return decimal.Decimal(d.int)
+    if k == "bytes":
+        return decimal.Decimal(int.from_bytes(d.bytes, "big"))
+    if k == "str":
+        return decimal.Decimal(d.str)
+    return _bad(d, "a decimal")
+
+
+def _conv_double(d: pb.Datum) -> Any:
+    k = d.WhichOneof("value")
+    if k == "double":
+        return d.double
+    if k == "int":
+        return float(d.int)
+    if k == "uint":
+        return float(d.uint)
+    if k == "decimal":
+        return float(d.decimal)
+    return _bad(d, "a double")
+
+
+def _conv_str(d: pb.Datum) -> Any:
+    k = d.WhichOneof("value")
+    if k == "str":
+        return d.str
+    if k == "json":
+        return d.json
+    if k == "decimal":
+        return d.decimal
+    if k == "time":
+        return time_text(d.time)
+    if k == "int":
+        return str(d.int)
+    if k == "uint":
+        return str(d.uint)
+    if k == "double":
+        return repr(d.double)
+    if k == "bytes":
+        return d.bytes.decode("utf-8", "surrogateescape")
+    if k == "datetime":
+        return _datetime_text(d.datetime)
+    return _bad(d, "text")
+
+
+def _conv_bytes(d: pb.Datum) -> Any:
+    k = d.WhichOneof("value")
+    if k == "bytes":
+        return bytearray(d.bytes)
+    if k == "str":
+        return bytearray(d.str.encode("utf-8"))
+    return _bad(d, "bytes")
+
+
+def _conv_ts(d: pb.Datum) -> Any:
+    if d.WhichOneof("value") != "datetime":
+        return _bad(d, "a timestamp")
+    v = d.datetime
+    try:
+        return _dt.datetime(v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond,
+                            tzinfo=_UTC)
+    except ValueError:
+        return _ZERO
+
+
+def _conv_date(d: pb.Datum) -> Any:
+    if d.WhichOneof("value") != "datetime":
+        return _bad(d, "a date")
+    v = d.datetime
+    try:
+        return _dt.date(v.year, v.month, v.day)
+    except ValueError:
+        return _ZERO
+
+
+def _bad(d: pb.Datum, what: str) -> Any:
+    raise InvalidArgument(f"datum {d.WhichOneof('value')} cannot be read as {what}")
+
+
+_BY_TYPE: dict[str, Callable[[pb.Datum], Any]] = {
+    "TINYINT": _conv_int, "SMALLINT": _conv_int, "INT": _conv_int, "BIGINT": _conv_int,
+    "DOUBLE": _conv_double, "STRING": _conv_str, "BINARY": _conv_bytes, "TIMESTAMP": _conv_ts,
+    "DATE": _conv_date,
+}
+
+
+def converter(stype: str) -> Callable[[pb.Datum], Any]:
+    """Datum -> Python value for Spark type stype (NULL handled by the caller)."""
+    if stype.startswith("DECIMAL("):
+        return _conv_dec
+    return _BY_TYPE[stype]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ColumnPlan:
+    """How one visible column of a TableInfo version lands: its name, Spark type, converter."""
+
+    name: str
+    stype: str
+    convert: Callable[[pb.Datum], Any]
+
+
+def plan_columns(info: pb.TableInfo) -> list[ColumnPlan]:
+    """One plan per visible column, in TableInfo order."""
+    out = []
+    for c in info.columns:
+        if c.hidden:
+            continue
+        st = spark_type(c)
+        out.append(ColumnPlan(c.name, st, converter(st)))
+    return out
+
+
+def row_values(row: pb.Row, info: pb.TableInfo, plans: list[ColumnPlan]) -> tuple[list[Any], list[str] | None]:
+    """(values of the visible columns in plan order, names of zero-date columns or None)."""
+    datums = row.columns
+    if len(datums) == len(info.columns) and len(plans) != len(datums):
+        datums = [d for d, c in zip(datums, info.columns) if not c.hidden]
+    if len(datums) != len(plans):
+        raise InvalidArgument(
+            f"row of {info.schema_name}.{info.table_name} (version {info.version}) has "
+            f"{len(row.columns)} values for {len(info.columns)} columns ({len(plans)} visible)")
+    out: list[Any] = []
+    zero: list[str] | None = None
+    for d, p in zip(datums, plans):
+        if d.WhichOneof("value") in (None, "null"):
+            out.append(None)
+            continue
+        v = p.convert(d)
+        if v is _ZERO:
+            zero = (zero or []) + [p.name]
+            v = None
+        out.append(v)
+    return out, zero

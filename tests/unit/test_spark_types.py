@@ -1,0 +1,114 @@
+"""Type mapping of the Spark sink (docs/types.md, Spark column) — no Spark session needed."""
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+
+import pytest
+
+from sluice.core.rowcodec import MySQLDateTime, python_to_datum
+from sluice.proto import sluice_pb2 as pb
+from sluice.spark_sink import types as ST
+from sluice.spark_sink.layout import Layout
+from sluice.spark_sink.tables import TableState, UnmappableChange, evolve, phys_index
+from tests.support.rows import Table, col
+
+UTC = _dt.timezone.utc
+
+
+@pytest.mark.parametrize("column_type,spark", [
+    ("tinyint(4)", "TINYINT"), ("tinyint(3) unsigned", "SMALLINT"), ("smallint(6)", "SMALLINT"),
+    ("smallint(5) unsigned", "INT"), ("mediumint(9)", "INT"), ("int(11)", "INT"),
+    ("int(10) unsigned", "BIGINT"), ("bigint(20)", "BIGINT"),
+    ("bigint(20) unsigned", "DECIMAL(20,0)"), ("year(4)", "SMALLINT"), ("bit(8)", "BIGINT"),
+    ("bit(64)", "DECIMAL(20,0)"), ("float", "DOUBLE"), ("double", "DOUBLE"),
+    ("decimal(10,2)", "DECIMAL(10,2)"), ("decimal(38,10)", "DECIMAL(38,10)"),
+    ("decimal(65,30)", "STRING"), ("datetime(6)", "TIMESTAMP"), ("timestamp", "TIMESTAMP"),
+    ("date", "DATE"), ("time(6)", "STRING"), ("json", "STRING"), ("varchar(10)", "STRING"),
+    ("enum('a','b')", "STRING"), ("varbinary(8)", "BINARY"), ("blob", "BINARY"),
+])
+def test_column_types(column_type: str, spark: str) -> None:
+    assert ST.spark_type(col("c", column_type)) == spark
+
+
+def conv(column_type: str, value: object) -> object:
+    c = col("c", column_type)
+    info = pb.TableInfo(table_id=1, schema_name="s", table_name="t", columns=[c])
+    vals, zero = ST.row_values(pb.Row(columns=[python_to_datum(value, c)]), info, ST.plan_columns(info))
+    return (vals[0], zero)
+
+
+def test_every_value_lands_without_loss() -> None:
+    """Every value a column can hold lands in its Spark column without loss, or as a
+    documented lossless stand-in."""
+    assert conv("bigint(20) unsigned", 2**64 - 1) == (decimal.Decimal(2**64 - 1), None)
+    assert conv("bigint(20)", -(2**63)) == (-(2**63), None)
+    big = decimal.Decimal("-" + "9" * 35 + "." + "1" * 30)
+    assert conv("decimal(65,30)", big) == (format(big, "f"), None)
+    assert conv("decimal(38,10)", decimal.Decimal("1234567890123456789012345678.0123456789")) == (
+        decimal.Decimal("1234567890123456789012345678.0123456789"), None)
+    ts = _dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=UTC)
+    assert conv("datetime(6)", ts) == (ts, None)
+    assert conv("time(6)", -_dt.timedelta(hours=838, minutes=59, seconds=59)) == ("-838:59:59.000000", None)
+    assert conv("time(6)", _dt.timedelta(microseconds=1)) == ("00:00:00.000001", None)
+    assert conv("json", '{"a": [1, 2]}') == ('{"a": [1, 2]}', None)
+    assert conv("varbinary(8)", b"\x00\xff") == (bytearray(b"\x00\xff"), None)
+    assert conv("bit(8)", 255) == (255, None)
+    assert conv("double", 1e100) == (1e100, None)
+    assert conv("date", _dt.date(2024, 2, 29)) == (_dt.date(2024, 2, 29), None)
+    assert conv("varchar(8)", "ünï 🚀") == ("ünï 🚀", None)
+
+
+def test_zero_dates_are_null_with_a_flag() -> None:
+    assert conv("date", MySQLDateTime()) == (None, ["c"])
+    assert conv("datetime", MySQLDateTime(2021, 6, 0, 10)) == (None, ["c"])
+    assert conv("datetime", None) == (None, None)
+
+
+@pytest.mark.parametrize("old,new,ok", [
+    ("INT", "BIGINT", True), ("BIGINT", "INT", False), ("INT", "DECIMAL(20,0)", True),
+    ("BIGINT", "DECIMAL(18,0)", False), ("DECIMAL(10,2)", "DECIMAL(12,4)", True),
+    ("DECIMAL(10,2)", "DECIMAL(12,1)", False), ("INT", "STRING", True), ("STRING", "INT", False),
+    ("DATE", "TIMESTAMP", True), ("BINARY", "STRING", False), ("SMALLINT", "DOUBLE", True),
+])
+def test_widening(old: str, new: str, ok: bool) -> None:
+    assert ST.widens(old, new) is ok
+
+
+def test_schema_evolution_adds_physical_columns_only() -> None:
+    layout = Layout("/tmp/x", "sluice", "{schema}", "src")
+    t1 = Table(5, "shop", "items", [col("id", "int(11)", nullable=False), col("qty", "int(11)"),
+                                    col("note", "varchar(10)")], primary=["id"])
+    s1 = evolve(None, t1.info, layout)
+    assert [p for p, _ in s1.phys_columns()] == ["id", "qty", "note"]
+    t2 = t1.add_column(col("price", "decimal(10,2)"))
+    s2 = evolve(s1, t2.info, layout)
+    # Widen qty: a new physical column of the wider type; the old one stays.
+    t3 = Table(5, "shop", "items", [*t2.columns[:1], col("qty", "bigint(20)"), *t2.columns[2:]],
+               primary=["id"], version=3)
+    s3 = evolve(s2, t3.info, layout)
+    assert s3.phys_columns()[:4] == s2.phys_columns()  # append-only
+    qty = next(c for c in s3.columns if c.name == "qty")
+    assert qty.stype == "BIGINT" and [p for p, _ in qty.phys] == ["qty", "qty__bigint"]
+    # Rows of version 1 still go to the INT column, rows of version 3 to the BIGINT one.
+    names = [p for p, _ in s3.phys_columns()]
+    assert [names[i] for i in phys_index(s3, t1.info)] == ["id", "qty", "note"]
+    assert [names[i] for i in phys_index(s3, t3.info)] == ["id", "qty__bigint", "note", "price"]
+    assert names == ["id", "qty", "note", "price", "qty__bigint"]
+    t4 = t3.drop_column("note")
+    s4 = evolve(s3, t4.info, layout)
+    assert [c.name for c in s4.visible] == ["id", "qty", "price"]
+    assert TableState.from_json(s4.to_json()) == s4
+
+
+def test_unmappable_change_names_table_column_and_ddl() -> None:
+    layout = Layout("/tmp/x", "sluice", "{schema}", "src")
+    t1 = Table(6, "shop", "notes", [col("id", "int(11)", nullable=False), col("body", "text")],
+               primary=["id"])
+    s1 = evolve(None, t1.info, layout)
+    t2 = Table(6, "shop", "notes", [col("id", "int(11)", nullable=False), col("body", "int(11)")],
+               primary=["id"], version=2)
+    with pytest.raises(UnmappableChange) as e:
+        evolve(s1, t2.info, layout, "ALTER TABLE notes MODIFY body INT")
+    msg = str(e.value)
+    assert "shop.notes" in msg and "body" in msg and "ALTER TABLE notes MODIFY body INT" in msg
