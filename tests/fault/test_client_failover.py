@@ -232,3 +232,56 @@ def test_replicas_two_keeps_two_copies_and_writes_continue_when_one_pump_dies(
                    what=f"{node_id} to have no unresolved prewrite")
     stored = pull_commits(cluster, max(t.commit_ts for t in txns))
     check_one_commit_ts(txns, stored, copies=2)
+
+
+def test_replicas_two_lost_pump_data_dir_then_mark_lost_every_txn_readable_from_the_other(
+        cluster: Cluster) -> None:
+    """replicas=2: a pump's data dir is destroyed and the pump marked lost with `sluice ctl
+    mark-lost` (no --force needed with replicas) -> every acknowledged transaction is still
+    readable, with its one commit_ts, from the other pump."""
+    import shutil
+    import subprocess
+
+    from sluice.core.registry import NodeKind
+    from tests.support.procs import sluice_argv
+
+    etcd = Etcd(cluster.etcd)
+    Registry(etcd, cluster.cluster_id).put_json("config", {"replicas": 2})
+    cluster.start_tso()
+    for i in (1, 2):
+        cluster.start_pump(f"pump-{i}", replicas=2)
+    txns: list[Txn] = []
+
+    async def go() -> None:
+        client = PumpsClient(cluster.etcd, cluster.cluster_id, probe_interval_s=PROBE_S)
+        tso = TSOClient(cluster.tso_addrs, cluster.cluster_id)
+        await client.start()
+        try:
+            await load(client, tso, 500, txns, concurrency=16)
+        finally:
+            await client.close()
+            await tso.close()
+    asyncio.run(go())
+    assert len(txns) == 500 and all(set(t.pumps) == {"pump-1", "pump-2"} for t in txns)
+
+    lost = cluster.pumps.pop("pump-1")
+    lost.proc.kill9()
+    shutil.rmtree(lost.data_dir)
+    reg = Registry(etcd, cluster.cluster_id)
+    wait_until(lambda: not reg.get(NodeKind.PUMP, "pump-1").alive, 30,   # type: ignore[union-attr]
+               what="pump-1's alive key to expire")
+    out = subprocess.run(sluice_argv("ctl", "--etcd", cluster.etcd, "--cluster-id",
+                                     str(cluster.cluster_id), "mark-lost", "pump-1"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    info = Registry(etcd, cluster.cluster_id).get(NodeKind.PUMP, "pump-1")
+    etcd.close()
+    assert info is not None and info.status.state.value == "offline"
+    assert info.status.labels.get("lost") == "true"
+
+    stored = pull_commits(cluster, max(t.commit_ts for t in txns))   # pump-2 only now
+    check_one_commit_ts([dataclasses_replace_pumps(t, ("pump-2",)) for t in txns], stored, copies=1)
+
+
+def dataclasses_replace_pumps(t: Txn, pumps: tuple[str, ...]) -> Txn:
+    return Txn(t.start_ts, t.commit_ts, pumps, t.acked_at, t.committed)
