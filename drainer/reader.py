@@ -9,10 +9,15 @@ Back-pressure, not memory growth: before reading the next response the reader wa
 merge holds fewer than `max_pending` of its transactions, so a slow sink stops the pump stream
 (gRPC flow control) instead of filling memory.
 
-Only binlog envelopes are decoded here (type, ts, producer, position); transaction values are
-decoded by the drainer after the merge, so dropped copies cost nothing. An undecodable envelope,
-or a commit without its prewrite, is CorruptTxn naming the pump and commit_ts: the drainer stops
-(or, with `skip-corrupt`, drops that transaction and says so).
+Nothing is decoded here when the pump sends transaction envelopes (PullBinlogsResp.txns): the
+merge tuple is built from the TxnMeta and the stored binlogs are sliced, never parsed. Without
+them (a response holding a piece of a split huge transaction, or a pump older than the field)
+the binlog envelopes are decoded (type, ts, producer, position). Either way transaction values
+are decoded once, by the drainer after the merge and only for sinks that take decoded
+transactions (a raw sink such as grpc never decodes them), so dropped copies cost nothing. An
+undecodable envelope, a commit without its prewrite, or envelopes that do not add up to the
+response's binlogs is CorruptTxn naming the pump and commit_ts: the drainer stops (or, with
+`skip-corrupt`, drops that transaction and says so).
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ __all__ = ["PumpReader", "ReaderTarget", "FATAL_CODES"]
 
 _PREWRITE, _COMMIT, _FAKE, _ROLLBACK = pb.PREWRITE, pb.COMMIT, pb.FAKE, pb.ROLLBACK
 _from_string = pb.Binlog.FromString
+_position = pb.Position.FromString
 
 # Retrying these cannot help: the drainer must stop and say why.
 FATAL_CODES = frozenset({grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INVALID_ARGUMENT,
@@ -125,9 +131,55 @@ class PumpReader:
                     continue
                 # The preamble is over (or was never sent): later reconnects do not ask again.
                 self.with_schema = False
-                self._response(resp.binlogs, resp.watermark, pending)
+                txns = resp.txns
+                if txns and not pending:
+                    self._response_meta(resp.binlogs, txns, resp.watermark)
+                else:
+                    self._response(resp.binlogs, resp.watermark, pending)
         finally:
             call.cancel()
+
+    def _response_meta(self, binlogs: Any, txns: Any, watermark: int) -> None:
+        """A response with transaction envelopes: merge tuples without decoding a binlog.
+
+        The envelopes only spare the decoding: if they do not describe the binlogs exactly
+        (counts, types), the response is decoded instead, which judges the binlogs themselves.
+        """
+        raws = list(binlogs)
+        items: list[tuple] = []
+        append = items.append
+        pump_id = self.pump_id
+        top = self.after
+        i = 0
+        for m in txns:
+            n = m.binlog_count
+            if n < 1:
+                break
+            j = i + n
+            tp = m.tp
+            if tp == _COMMIT:
+                ct = m.commit_ts
+                if ct > top:   # else already delivered (an inclusive resume)
+                    pos = m.position
+                    append((ct, m.start_ts, pump_id, m.producer_id,
+                            _position(pos) if pos else None, raws[i:j], False))
+                    top = ct
+            elif tp == _FAKE:
+                if m.commit_ts > top:
+                    top = m.commit_ts
+            else:
+                break
+            i = j
+        else:
+            if i == len(raws):
+                self.binlogs += i
+                wm = watermark if watermark > top else top
+                self.after = wm
+                self.target.deliver(pump_id, items, wm)
+                return
+        log.warning("pump %s: transaction envelopes do not match the %d binlogs of a response "
+                    "after commit_ts %d; decoding them instead", pump_id, len(raws), self.after)
+        self._response(raws, watermark, {})
 
     def _response(self, binlogs: Any, watermark: int, pending: dict[int, Any]) -> None:
         items: list[tuple] = []

@@ -388,14 +388,38 @@ class PullBinlogsReq(_message.Message):
     def __init__(self, cluster_id: _Optional[int] = ..., after_commit_ts: _Optional[int] = ..., consumer_id: _Optional[str] = ..., with_schema: _Optional[bool] = ...) -> None: ...
 
 class PullBinlogsResp(_message.Message):
-    __slots__ = ("binlogs", "watermark", "schema_only")
+    __slots__ = ("binlogs", "watermark", "schema_only", "txns")
     BINLOGS_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TXNS_FIELD_NUMBER: _ClassVar[int]
     binlogs: _containers.RepeatedScalarFieldContainer[bytes]
     watermark: int
     schema_only: bool
-    def __init__(self, binlogs: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ..., schema_only: _Optional[bool] = ...) -> None: ...
+    txns: _containers.RepeatedCompositeFieldContainer[TxnMeta]
+    def __init__(self, binlogs: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ..., schema_only: _Optional[bool] = ..., txns: _Optional[_Iterable[_Union[TxnMeta, _Mapping]]] = ...) -> None: ...
+
+class TxnMeta(_message.Message):
+    __slots__ = ("tp", "start_ts", "commit_ts", "producer_id", "producer_epoch", "position", "snapshot", "ts_ms", "binlog_count")
+    TP_FIELD_NUMBER: _ClassVar[int]
+    START_TS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    TS_MS_FIELD_NUMBER: _ClassVar[int]
+    BINLOG_COUNT_FIELD_NUMBER: _ClassVar[int]
+    tp: BinlogType
+    start_ts: int
+    commit_ts: int
+    producer_id: str
+    producer_epoch: int
+    position: bytes
+    snapshot: bytes
+    ts_ms: int
+    binlog_count: int
+    def __init__(self, tp: _Optional[_Union[BinlogType, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., producer_id: _Optional[str] = ..., producer_epoch: _Optional[int] = ..., position: _Optional[bytes] = ..., snapshot: _Optional[bytes] = ..., ts_ms: _Optional[int] = ..., binlog_count: _Optional[int] = ...) -> None: ...
 
 class GetProducerPositionReq(_message.Message):
     __slots__ = ("cluster_id", "producer_id", "epoch")

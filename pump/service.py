@@ -66,7 +66,7 @@ class PumpService(pbg.PumpServicer):
     async def PullBinlogs(self, request: pb.PullBinlogsReq, context: grpc.aio.ServicerContext
                           ) -> AsyncIterator[bytes]:
         """Yields serialized PullBinlogsResp messages (see `add_to_server`): the storage reader
-        returns payloads already framed as the `binlogs` field."""
+        returns payloads already framed as the `binlogs` field and their envelopes as `txns`."""
         check_cluster(request, self.cluster_id)
         after = request.after_commit_ts
         if after < 0:
@@ -89,7 +89,7 @@ class PumpService(pbg.PumpServicer):
                     while True:
                         chunk = await asyncio.to_thread(preamble.next_chunk, PULL_MESSAGE_BYTES)
                         if chunk.count:
-                            yield chunk.frames + _tail(after, schema_only=True)
+                            yield chunk.frames + chunk.txns + _tail(after, schema_only=True)
                         if chunk.exhausted:
                             break
                 finally:
@@ -100,7 +100,7 @@ class PumpService(pbg.PumpServicer):
                 changed.clear()
                 chunk = await asyncio.to_thread(reader.next_chunk, PULL_MESSAGE_BYTES)
                 if chunk.count or chunk.covered > last_sent_wm:
-                    yield chunk.frames + _tail(chunk.covered)
+                    yield chunk.frames + chunk.txns + _tail(chunk.covered)
                     last_sent_wm = chunk.covered
                 if chunk.exhausted:
                     try:

@@ -12,6 +12,12 @@ transaction's distant prewrite do not evict each other), each one checked (magic
 CRC32C) and appended with its field header to the chunk: the chunk's bytes are exactly the
 `binlogs` field (1) of a serialized PullBinlogsResp, so the service sends them without
 re-encoding.
+
+Each whole transaction also gets its `txns` entry (PullBinlogsResp field 4, a TxnMeta): the
+stored COMMIT (or FAKE) record verbatim — TxnMeta mirrors Binlog's field numbers — plus its
+binlog count, so the envelope costs neither side a parse. Invariant: a chunk's `txns` are either
+empty or describe every binlog of the chunk, in order; a chunk holding a piece of a split (huge)
+transaction has none, and the consumer decodes it.
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ class Chunk(NamedTuple):
     count: int
     covered: int       # see the module invariant
     exhausted: bool    # nothing more up to the watermark the reader was opened at
+    txns: bytes = b""  # wire encoding of PullBinlogsResp.txns (see the module invariant)
 
 
 def varint(n: int) -> bytes:
@@ -63,6 +70,32 @@ def frame_head(n: int) -> bytes:
         if len(_HEADS) < 1 << 16:
             _HEADS[n] = head
     return head
+
+
+# TxnMeta.binlog_count (field 100, varint) for small counts; others are encoded on demand.
+_COUNT_FIELD = b"\xa0\x06"
+_COUNTS = [_COUNT_FIELD + varint(n) for n in range(128)]
+_META_HEADS: dict[int, bytes] = {}
+
+
+def count_field(n: int) -> bytes:
+    return _COUNTS[n] if n < 128 else _COUNT_FIELD + varint(n)
+
+
+def meta_head(n: int) -> bytes:
+    """Field 4 (PullBinlogsResp.txns) header for an n-byte TxnMeta."""
+    head = _META_HEADS.get(n)
+    if head is None:
+        head = b"\x22" + varint(n)
+        if len(_META_HEADS) < 1 << 12:
+            _META_HEADS[n] = head
+    return head
+
+
+def txn_meta(last: bytes, count: int) -> tuple[bytes, bytes, bytes]:
+    """The framed TxnMeta of a transaction whose COMMIT (or FAKE) record is `last`."""
+    tail = count_field(count)
+    return meta_head(len(last) + len(tail)), last, tail
 
 
 class CommitReader:
@@ -95,7 +128,7 @@ class CommitReader:
                 return Chunk(b"", 0, self.after, True)
             self._open(max_bytes)
         assert self._gen is not None
-        parts, count, covered, exhausted = next(self._gen)
+        parts, metas, count, covered, exhausted = next(self._gen)
         if exhausted:
             self._gen = None
             if self._commits is not None:
@@ -104,7 +137,7 @@ class CommitReader:
                 covered = max(covered, self._opened_at)
         if self._commits is None:
             self.after = covered
-        return Chunk(b"".join(parts), count, self.after, exhausted)
+        return Chunk(b"".join(parts), count, self.after, exhausted, b"".join(metas))
 
     def binlogs(self) -> Iterator[tuple[bytes, int, bool]]:
         """One lazy pass: (payload, commit_ts, ends a transaction) up to the watermark read
@@ -138,14 +171,21 @@ class CommitReader:
                                  stop=ix.ts_key(ix.E, wm + 1))
 
     def _chunks(self, entries: Iterable[tuple[bytes, bytes]], max_bytes: int
-                ) -> Iterator[tuple[list[bytes], int, int, bool]]:
-        """(framed payloads, count, covered, exhausted) of about max_bytes each.
+                ) -> Iterator[tuple[list[bytes], list[bytes], int, int, bool]]:
+        """(framed payloads, framed txn metas, count, covered, exhausted) of about max_bytes
+        each.
 
         The hot path of PullBinlogs: a COMMIT that knows its single-part prewrite, both records
         in the current read window, is handled inline; everything else goes through `_read` and
         `_pieces`. `_pieces` is the reference (simple) version of the same walk."""
         parts: list[bytes] = []
         append = parts.append
+        metas: list[bytes] = []
+        mappend = metas.append
+        whole = True          # every binlog of this chunk is in a transaction that lies whole in it
+        in_txn = 0            # binlogs of the current (generic path) transaction so far
+        count2 = count_field(2)
+        mheads = _META_HEADS
         size = count = 0
         covered = self.after
         heads = _HEADS
@@ -186,6 +226,10 @@ class CommitReader:
                 head = heads.get(length)
                 append(head if head is not None else frame_head(length))
                 append(cm)
+                head = mheads.get(length + 3)
+                mappend(head if head is not None else meta_head(length + 3))
+                mappend(cm)
+                mappend(count2)
                 size += plen + length
                 count += 2
                 covered = unpack_key(key)[1]
@@ -196,21 +240,29 @@ class CommitReader:
                         append(payload)
                         size += len(payload)
                         count += 1
+                    in_txn += len(payloads)
                     if txn_end:
                         covered = commit_ts
+                        metas += txn_meta(payloads[-1], in_txn)
+                        in_txn = 0
                     elif size >= max_bytes:   # a huge transaction: split, not yet covered
-                        yield parts, count, covered, False
+                        yield parts, [], count, covered, False
                         parts = []
                         append = parts.append
+                        del metas[:]
+                        whole = False     # the next chunk starts inside this transaction
                         size = count = 0
                 wseg, wstart, wbuf = self._w0
                 wlen = len(wbuf)
             if size >= max_bytes:
-                yield parts, count, covered, False
+                yield parts, metas if whole else [], count, covered, False
                 parts = []
                 append = parts.append
+                metas = []
+                mappend = metas.append
+                whole = True
                 size = count = 0
-        yield parts, count, covered, True
+        yield parts, metas if whole else [], count, covered, True
 
     def _pinned(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         for key in keys:
