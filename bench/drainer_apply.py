@@ -1,20 +1,26 @@
-"""MySQL sink apply throughput: MySQLSink (causality workers, batches) vs a naive single-thread apply.
+"""MySQL sink apply throughput: MySQLSink (causality workers, merged batches) vs a naive single-thread apply.
 
 Both sides apply the same pre-built transactions (RandomWorkload: inserts, updates, deletes,
-primary-key changes, unique-key swaps over four tables; every Datum kind) to a fresh database on
-the same MariaDB, started by this script (apt's mariadbd, 127.0.0.1). Each side's result is
-checked equal to the workload's in-memory model, so a fast wrong answer cannot win.
+primary-key changes, unique-key swaps over four tables, one of them keyless; every Datum kind)
+to a fresh database on the same MariaDB, started by this script (apt's mariadbd, 127.0.0.1).
+Each side's result is checked equal to the workload's in-memory model, so a fast wrong answer
+cannot win.
 
 - naive: one connection, one downstream transaction per source transaction, one statement per
   row (the translator's and SQL builder's own output, so decoding costs the same on both sides).
-- sink: drainer/sinks/mysql.py with --workers workers and --batch rows per downstream
-  transaction, fed --apply-batch transactions per apply() call, flushed at the end.
+- sink: drainer/sinks/mysql.py with each of --workers worker counts, --batch rows per worker
+  batch (--backlog: rows per transaction when a worker is backlogged), fed --apply-batch
+  transactions per apply() call, flushed at the end.
 
-Wall-clock times (the sides alternate per repeat; the median is reported). The machine is shared:
-the load average is printed with the results.
+Lag: sink — from an apply() call to the first checkpoint() covering its last transaction
+(checkpoint() polled every 2 ms); naive — from the start of the same chunk of --apply-batch
+transactions to its last COMMIT. p50/p99 over the chunks.
 
-Run: .venv/bin/python bench/drainer_apply.py [--txns 50000] [--keys 20000] [--workers 16]
-     [--batch 20] [--durable]   (--durable: innodb_flush_log_at_trx_commit=1, sync_binlog=1)
+Wall-clock times; the sides alternate per repeat and the median is reported. The machine is
+shared: the load average is printed with the results; compare ratios within one run only.
+
+Run: .venv/bin/python bench/drainer_apply.py [--txns 20000] [--keys 20000] [--workers 1,4,16]
+     [--batch 20] [--backlog 500] [--durable]   (--durable: innodb_flush_log_at_trx_commit=1, sync_binlog=1)
 """
 from __future__ import annotations
 
@@ -55,45 +61,80 @@ def prepare(server: MariaDBServer, wl: RandomWorkload, db: str) -> None:
         server.execute(create_sql(t))
 
 
-def naive(server: MariaDBServer, txns: list[Txn], history) -> float:
+def naive(server: MariaDBServer, txns: list[Txn], history, chunk: int) -> tuple[float, list[float]]:
+    """(seconds, per-chunk lag) applying one source transaction per downstream transaction."""
     tr = Translator()
     conn = server.connect()
+    lags: list[float] = []
     try:
         with conn.cursor() as cur:
             cur.execute("SET SESSION time_zone='+00:00', foreign_key_checks=0, "
                         "sql_mode='STRICT_TRANS_TABLES,NO_AUTO_VALUE_ON_ZERO'")
             t0 = time.perf_counter()
-            for txn in txns:
-                changes = tr.translate(txn, history)
-                if not changes:
-                    continue
-                cur.execute("BEGIN")
-                for ch in changes:
-                    for stmt in row_sql(ch, False):
-                        cur.execute(stmt)
-                cur.execute("COMMIT")
-            return time.perf_counter() - t0
+            for i in range(0, len(txns), chunk):
+                c0 = time.perf_counter()
+                for txn in txns[i:i + chunk]:
+                    changes = tr.translate(txn, history)
+                    if not changes:
+                        continue
+                    cur.execute("BEGIN")
+                    for ch in changes:
+                        for stmt in row_sql(ch, False):
+                            cur.execute(stmt)
+                    cur.execute("COMMIT")
+                lags.append(time.perf_counter() - c0)
+            return time.perf_counter() - t0, lags
     finally:
         conn.close()
 
 
-def sink(server: MariaDBServer, txns: list[Txn], history, args: argparse.Namespace, cp_schema: str) -> tuple[float, int]:
+def sink(server: MariaDBServer, txns: list[Txn], history, args: argparse.Namespace, workers: int,
+         cp_schema: str) -> tuple[float, list[float], int]:
+    """(seconds, per-apply-call lag, conflicts) through MySQLSink."""
     cfg = MySQLSinkConfig(port=server.port, user=server.user, password=server.password,
-                          worker_count=args.workers, txn_batch=args.batch, checkpoint_schema=cp_schema)
+                          worker_count=workers, txn_batch=args.batch, txn_batch_backlog=args.backlog,
+                          checkpoint_schema=cp_schema)
 
-    async def run() -> tuple[float, int]:
+    async def run() -> tuple[float, list[float], int]:
         s = MySQLSink(cfg, history, epoch=1, name="bench")
         await s.open(Checkpoint(0))
+        calls: list[tuple[float, int]] = []     # (apply() called, its last commit_ts)
+        covered: dict[int, float] = {}
+        stop = asyncio.Event()
+
+        async def poll() -> None:
+            nxt = 0
+            while not stop.is_set() or nxt < len(calls):
+                cp = s.checkpoint().commit_ts
+                now = time.perf_counter()
+                while nxt < len(calls) and calls[nxt][1] <= cp:
+                    covered[nxt] = now
+                    nxt += 1
+                await asyncio.sleep(0.002)
+
+        poller = asyncio.create_task(poll())
         try:
             t0 = time.perf_counter()
             for i in range(0, len(txns), args.apply_batch):
-                await s.apply(txns[i:i + args.apply_batch])
+                part = txns[i:i + args.apply_batch]
+                calls.append((time.perf_counter(), part[-1].commit_ts))
+                await s.apply(part)
             await s.flush()
-            return time.perf_counter() - t0, s.conflicts
+            elapsed = time.perf_counter() - t0
+            stop.set()
+            await asyncio.wait_for(poller, 10)
+            return elapsed, [covered[i] - calls[i][0] for i in range(len(calls))], s.conflicts
         finally:
+            stop.set()
+            poller.cancel()
             await s.close()
 
     return asyncio.run(run())
+
+
+def pct(values: list[float], p: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
 
 
 def check(server: MariaDBServer, wl: RandomWorkload, side: str) -> None:
@@ -108,16 +149,19 @@ def check(server: MariaDBServer, wl: RandomWorkload, side: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--txns", type=int, default=50000)
+    ap.add_argument("--txns", type=int, default=20000)
     ap.add_argument("--keys", type=int, default=20000)
-    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--workers", default="1,4,16", help="comma-separated worker counts")
     ap.add_argument("--batch", type=int, default=20)
-    ap.add_argument("--apply-batch", type=int, default=500)
+    ap.add_argument("--backlog", type=int, default=500)
+    ap.add_argument("--apply-batch", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--durable", action="store_true")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
+    worker_counts = [int(w) for w in args.workers.split(",")]
 
+    started = time.perf_counter()
     extra = ["--innodb-flush-log-at-trx-commit=1", "--sync-binlog=1"] if args.durable else []
     with tempfile.TemporaryDirectory(prefix="sluice-bench-apply-") as tmp:
         server = MariaDBServer(Path(tmp), extra_args=extra).start()
@@ -127,45 +171,51 @@ def main() -> None:
             history = history_of(txns)
             rows = wl.rows
             t_naive: list[float] = []
-            t_sink: list[float] = []
+            lag_naive: list[float] = []
             c_naive: list[tuple[float, float]] = []
-            c_sink: list[tuple[float, float]] = []
-            conflicts = 0
+            t_sink: dict[int, list[float]] = {w: [] for w in worker_counts}
+            lag_sink: dict[int, list[float]] = {w: [] for w in worker_counts}
+            c_sink: dict[int, list[tuple[float, float]]] = {w: [] for w in worker_counts}
+            conflicts: dict[int, int] = {}
             for r in range(args.repeat):
                 prepare(server, wl, "bench_apply")
                 a = cpu(server)
-                t_naive.append(naive(server, txns, history))
+                t, lags = naive(server, txns, history, args.apply_batch)
                 b = cpu(server)
+                t_naive.append(t)
+                lag_naive += lags
                 c_naive.append((b[0] - a[0], b[1] - a[1]))
                 check(server, wl, "naive")
-                prepare(server, wl, "bench_apply")
-                a = cpu(server)
-                t, conflicts = sink(server, txns, history, args, f"bench_cp_{r}")
-                b = cpu(server)
-                c_sink.append((b[0] - a[0], b[1] - a[1]))
-                t_sink.append(t)
-                check(server, wl, "sink")
+                for w in worker_counts:
+                    prepare(server, wl, "bench_apply")
+                    a = cpu(server)
+                    t, lags, conflicts[w] = sink(server, txns, history, args, w, f"bench_cp_{r}_{w}")
+                    b = cpu(server)
+                    c_sink[w].append((b[0] - a[0], b[1] - a[1]))
+                    t_sink[w].append(t)
+                    lag_sink[w] += lags
+                    check(server, wl, f"sink ({w} workers)")
         finally:
             server.stop()
-    n, s = statistics.median(t_naive), statistics.median(t_sink)
+    n = statistics.median(t_naive)
     load = os.getloadavg()
     print(f"# drainer apply to MariaDB: {args.txns} transactions, {rows} row changes, "
           f"keys {args.keys}, {'durable' if args.durable else 'innodb_flush_log_at_trx_commit=2'}")
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, load {load[0]:.1f}, "
-          f"{datetime.date.today()}")
-    print("| what | naive (1 thread, txn per txn) | sink | ratio |")
-    print("|---|---|---|---|")
-    print(f"| seconds | {n:.2f} | {s:.2f} | {n / s:.2f}x |")
-    print(f"| rows/s | {rows / n:.0f} | {rows / s:.0f} | {n / s:.2f}x |")
-    print(f"| txns/s | {args.txns / n:.0f} | {args.txns / s:.0f} | |")
+          f"{datetime.date.today()}; total run {time.perf_counter() - started:.0f} s")
+    print(f"sink: txn-batch {args.batch}, txn-batch-backlog {args.backlog}, apply() calls of "
+          f"{args.apply_batch} transactions; lag = apply() call -> checkpoint() covering it")
+    print("| side | workers | seconds | rows/s | ratio vs naive | lag p50 | lag p99 | "
+          "CPU s Python | CPU s mariadbd | conflicts |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     cn = statistics.median(c[0] for c in c_naive), statistics.median(c[1] for c in c_naive)
-    cs = statistics.median(c[0] for c in c_sink), statistics.median(c[1] for c in c_sink)
-    print(f"| CPU s, Python process | {cn[0]:.2f} | {cs[0]:.2f} | {cn[0] / cs[0]:.2f}x |")
-    print(f"| CPU s, mariadbd | {cn[1]:.2f} | {cs[1]:.2f} | {cn[1] / cs[1]:.2f}x |")
-    print(f"| rows per CPU s (both) | {rows / sum(cn):.0f} | {rows / sum(cs):.0f} | "
-          f"{sum(cn) / sum(cs):.2f}x |")
-    print(f"sink: {args.workers} workers, txn-batch {args.batch}, apply batches of "
-          f"{args.apply_batch} transactions, {conflicts} causality conflicts")
+    print(f"| naive (txn per txn) | 1 | {n:.2f} | {rows / n:.0f} | 1.00x | "
+          f"{pct(lag_naive, 50):.3f} s | {pct(lag_naive, 99):.3f} s | {cn[0]:.2f} | {cn[1]:.2f} | |")
+    for w in worker_counts:
+        s = statistics.median(t_sink[w])
+        cs = statistics.median(c[0] for c in c_sink[w]), statistics.median(c[1] for c in c_sink[w])
+        print(f"| sink | {w} | {s:.2f} | {rows / s:.0f} | {n / s:.2f}x | {pct(lag_sink[w], 50):.3f} s | "
+              f"{pct(lag_sink[w], 99):.3f} s | {cs[0]:.2f} | {cs[1]:.2f} | {conflicts[w]} |")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,32 @@
 """SQL for the MySQL sink: row changes -> batched statements, DDL -> statements.
 
-Invariant: the statements built for a batch leave the downstream exactly as applying the batch's
-changes one by one in order would. Changes are merged into multi-row statements only when no
-change between them touches one of their causality keys, so reordering never crosses a key.
+Invariant: the statements built for a worker batch leave the downstream exactly as applying the
+batch's changes one by one in order would (`row_sql`), given a downstream that held the rows'
+before-images when the batch began (the sink's replication invariant; safe mode relaxes it).
+
+Merge mode (TiDB-Binlog pkg/loader's): for a table with a row identity (primary key, or a NOT NULL
+unique key) the changes of a batch are reduced to their net effect per identity, last write
+wins in batch order, and written as at most three multi-row statements:
+1. `DELETE ... WHERE <identity> IN (...)`: rows that existed before the batch and are gone at its
+   end, or whose unique-key values changed (a primary-key change is a delete of the old identity
+   plus an insert of the new one);
+2. `INSERT ... VALUES (...),(...)`: rows new in the batch, and the rows of (1) that moved a
+   unique value;
+3. `INSERT ... ON DUPLICATE KEY UPDATE`: rows that existed and keep every unique-key value (an
+   update in place; it can only meet its own row, since no unique value of it changes).
+Deleting first makes unique-key swaps safe: every row whose unique value moved is gone before any
+final row is written, and the final rows are the source's rows at the end of the batch, which
+the source's own unique keys kept apart. A unique value held by a row the batch did not touch
+cannot be taken by a final row: the change that released it carries the same causality key, so
+it is committed already or in this batch. (Upserting a row whose unique value moved would
+update whichever row holds the value, which is why (3) excludes them: the loader's "fall back
+when a unique key changes", per row rather than per batch.) Safe mode, or a snapshot read in the
+batch: (1) deletes every identity touched and (2) is `REPLACE` of every final row.
+Falls back to ordered statements (`group`, merging only consecutive inserts/deletes that share no
+causality key with anything between them) for: tables without identity (full-row-image matches,
+duplicates possible), and batches where two distinct identities of one table compare equal once
+folded (case/accents/trailing spaces: under a `_ci` collation they are the same row, under `_bin`
+two rows, so no single net effect is right for both).
 
 Safe mode (idempotent replay): an insert becomes REPLACE, an update becomes DELETE of the old
 row + REPLACE of the new one, a delete stays a delete (deleting nothing is fine). A snapshot read
@@ -20,7 +44,7 @@ from typing import Any
 
 from pymysql.converters import escape_bytes, escape_date, escape_datetime, escape_float, escape_string, escape_timedelta
 
-from sluice.drainer.translator import DELETE, INSERT, UPDATE, UPSERT, RowChange, TableShape, shape_of
+from sluice.drainer.translator import DELETE, INSERT, UPDATE, UPSERT, RowChange, TableShape, fold, shape_of
 from sluice.proto import sluice_pb2 as pb
 
 
@@ -170,8 +194,124 @@ def group_sql(g: _Group) -> list[str]:
     return out
 
 
+# Rows per multi-row statement: keeps statements far below max_allowed_packet and the range
+# optimizer's lists short.
+MAX_ROWS_PER_STATEMENT = 512
+
+
+_UNKNOWN = object()  # merge_table: whether the row existed before the batch is not known
+
+
+def merge_table(shape: TableShape, changes: Sequence[RowChange], safe: bool
+                ) -> list[tuple[str, list[RowChange]]] | None:
+    """The net effect of one table's changes (batch order) as DELETE / INSERT / upsert
+    statements, or None when it cannot be merged (no identity, or identities equal only once
+    folded). See the module docstring for why each form is equivalent."""
+    if not shape.has_identity:
+        return None
+    ident = shape.identity
+    # exact identity -> [first before-image (None: did not exist; _UNKNOWN: a snapshot read
+    # came first), final row or None]
+    net: dict[tuple[Any, ...], list[Any]] = {}
+    upsert = False
+    for ch in changes:
+        before, after = ch.before, ch.after
+        if before is not None:
+            key = tuple([before[i] for i in ident])
+            e = net.get(key)
+            if e is None:
+                net[key] = [before, None]
+            else:
+                e[1] = None
+        if after is not None:
+            key = tuple([after[i] for i in ident])
+            e = net.get(key)
+            if e is None:
+                net[key] = [_UNKNOWN if ch.kind == UPSERT else None, after]
+            else:
+                e[1] = after
+            upsert = upsert or ch.kind == UPSERT
+    folded: dict[tuple[str, ...], tuple[Any, ...]] = {}
+    for key in net:
+        if None in key:
+            return None  # an identity column holding NULL: not an identity after all
+        # Only text compares differently downstream than here (numbers equal in Python are one
+        # dict key already).
+        if any(isinstance(v, str) for v in key):
+            if folded.setdefault(tuple([fold(v) for v in key]), key) is not key:
+                return None
+    others = [cols for _, cols, primary in shape.unique if cols != ident]
+    gone: list[tuple[Any, ...]] = []        # DELETE by identity
+    fresh: list[tuple[Any, ...]] = []       # INSERT (REPLACE)
+    kept: list[tuple[Any, ...]] = []        # existed, every unique value unchanged: upsert in place
+    for key, (first, final) in net.items():
+        if safe or first is _UNKNOWN:
+            gone.append(key)
+            if final is not None:
+                fresh.append(final)
+        elif first is None:
+            if final is not None:
+                fresh.append(final)
+        elif final is None:
+            gone.append(key)
+        elif all(first[i] == final[i] for cols in others for i in cols):
+            kept.append(final)
+        else:
+            # A unique value moves: the old row goes first, so no final row meets it.
+            gone.append(key)
+            fresh.append(final)
+    name = table_name(shape)
+    out: list[tuple[str, list[RowChange]]] = []
+    carried = list(changes)
+    n = MAX_ROWS_PER_STATEMENT
+    for i in range(0, len(gone), n):
+        part = gone[i:i + n]
+        if len(ident) == 1:
+            cond = f"{quote_id(shape.columns[ident[0]])} IN ({','.join([literal(k[0]) for k in part])})"
+        else:
+            cols = [quote_id(shape.columns[c]) for c in ident]
+            cond = " OR ".join("(" + " AND ".join(f"{c} = {literal(v)}" for c, v in zip(cols, k)) + ")"
+                               for k in part)
+        out.append((f"DELETE FROM {name} WHERE {cond}", carried))
+    verb = _REP if safe or upsert else _INS
+    head = f"{verb} INTO {name} {_columns(shape)} VALUES "
+    for i in range(0, len(fresh), n):
+        out.append((head + ",".join([_values(shape, r) for r in fresh[i:i + n]]), carried))
+    if kept:
+        update = ",".join(f"{c}=VALUES({c})" for c in (quote_id(shape.columns[i]) for i in shape.writable)
+                         )
+        head = f"INSERT INTO {name} {_columns(shape)} VALUES "
+        for i in range(0, len(kept), n):
+            out.append((head + ",".join([_values(shape, r) for r in kept[i:i + n]])
+                        + f" ON DUPLICATE KEY UPDATE {update}", carried))
+    return out
+
+
 def batch_sql(changes: Sequence[RowChange], safe: Sequence[bool]) -> list[tuple[str, list[RowChange]]]:
-    """(statement, the changes it carries) for a worker batch, in execution order."""
+    """(statement, the changes it carries) for a worker batch, in execution order.
+
+    Tables are independent here (the sink runs with foreign_key_checks=0), so each table's
+    changes are merged on their own, in the order tables first appear. A batch with any change
+    in safe mode is merged in safe mode (deleting every touched identity first is always right)."""
+    by_table: dict[str, list[RowChange]] = {}
+    for ch in changes:
+        by_table.setdefault(table_name(ch.shape), []).append(ch)
+    any_safe = any(safe)
+    out: list[tuple[str, list[RowChange]]] = []
+    for table_changes in by_table.values():
+        shape = table_changes[0].shape
+        merged = None
+        # One shape per table in a batch: a DDL flushes every worker before it runs.
+        if all(ch.shape is shape for ch in table_changes):
+            merged = merge_table(shape, table_changes, any_safe)
+        if merged is None:
+            merged = ordered_sql(table_changes, [any_safe] * len(table_changes))
+        out += merged
+    return out
+
+
+def ordered_sql(changes: Sequence[RowChange], safe: Sequence[bool]) -> list[tuple[str, list[RowChange]]]:
+    """Statements that keep the batch order wherever two changes share a causality key."""
     out: list[tuple[str, list[RowChange]]] = []
     for g in group(changes, safe):
         carried = [op.change for op in g.ops]
@@ -271,5 +411,5 @@ def ddl_target(ddl: pb.DDL) -> str:
     return ddl.schema_name
 
 
-__all__ = ["literal", "quote_id", "batch_sql", "row_sql", "ddl_sql", "create_table_sql",
+__all__ = ["literal", "quote_id", "batch_sql", "ordered_sql", "merge_table", "row_sql", "ddl_sql", "create_table_sql",
            "IDEMPOTENT_DDL_ERRORS", "shape_of"]

@@ -10,7 +10,9 @@ datetimes including zero dates and zero parts (as text), TIME beyond 24 hours an
 Causality keys (drainer/causality.py routes on them): for every row image touched (before and
 after of an update) one key per primary/unique index (`unique_keys_of`'s rule: a unique key
 containing NULL never conflicts and is left out); a table without a primary key or a NOT NULL
-unique key uses the full row image instead. Text in keys is folded (case, trailing spaces,
+unique key uses the full row image instead, plus one key for the whole table (its UPDATE/DELETE
+statements scan the table, locking every row they pass: two workers on it would deadlock). Text
+in keys is folded (case, trailing spaces,
 accents) because a case/accent-insensitive unique index treats 'Abc' and 'abc ' as the same
 value downstream: folding only merges keys, which can cost an extra flush, never a missed
 conflict.
@@ -163,7 +165,8 @@ def decode_row(row: pb.Row, info: pb.TableInfo, shape: TableShape) -> tuple[Any,
 # Causality keys
 # --------------------------------------------------------------------------------------------
 
-def _fold(v: Any) -> str:
+def fold(v: Any) -> str:
+    """A key value as causality-key text: text folded the way a _ci collation compares it."""
     if isinstance(v, str):
         if v.isascii():
             return "s" + v.rstrip(" ").lower()
@@ -191,12 +194,14 @@ def row_keys(shape: TableShape, values: Sequence[Any]) -> list[str]:
             vals = [values[i] for i in cols]
             if not primary and any(v is None for v in vals):
                 continue
-            out.append(f"{prefix}\x00{name}\x00" + "\x00".join(_fold(v) for v in vals))
+            out.append(f"{prefix}\x00{name}\x00" + "\x00".join(fold(v) for v in vals))
         if shape.has_identity:
             return out
-    # No row identity: the full image is the only thing that names the row.
-    full = f"{prefix}\x00*\x00" + "\x00".join("N" if v is None else _fold(v) for v in values)
-    return [full]
+    # No row identity: the full image is the only thing that names the row. The table key comes
+    # first (routing hashes the first key): statements on such a table scan it and lock every
+    # row they pass, so two workers on one keyless table would deadlock each other.
+    full = f"{prefix}\x00*\x00" + "\x00".join("N" if v is None else fold(v) for v in values)
+    return [f"{prefix}\x00**", full]
 
 
 # --------------------------------------------------------------------------------------------

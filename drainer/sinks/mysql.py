@@ -54,6 +54,8 @@ EPOCH_SLOT, PROGRESS_SLOT = -1, -2
 # Marks statements the sink runs outside a worker transaction (DDL) in the downstream binlog.
 APPLY_MARK = "/* sluice-apply */"
 
+# "Subquery returns more than 1 row": the fence guard of a worker transaction found a newer epoch.
+FENCE_GUARD_ERROR = 1242
 # Transient: the transaction (or connection) is gone and the batch can run again.
 RETRYABLE_ERRORS = frozenset({1205, 1213, 1040, 1053, 1927, 2003, 2006, 2013, 2055})
 # The connection cannot be used any more: reconnect before retrying.
@@ -68,6 +70,7 @@ class MySQLSinkConfig:
     password: str = ""
     worker_count: int = 16
     txn_batch: int = 20
+    txn_batch_backlog: int = 500
     safe_mode: bool = False
     checkpoint_schema: str = "sluice"
     name: str = ""
@@ -85,6 +88,7 @@ class MySQLSinkConfig:
 
     def __post_init__(self) -> None:
         for key, value, low in (("worker-count", self.worker_count, 1), ("txn-batch", self.txn_batch, 1),
+                                ("txn-batch-backlog", self.txn_batch_backlog, 1),
                                 ("max-retries", self.max_retries, 0), ("queue-size", self.queue_size, 1),
                                 ("lock-wait-timeout", self.lock_wait_timeout, 1),
                                 ("dispatched-upper-lead-ms", self.dispatched_upper_lead_ms, 0)):
@@ -153,7 +157,7 @@ class _SinkMetrics:
         self.rows = metrics.counter("mysql_sink_rows_total", "Row changes committed downstream", ("kind",))
         self.txns = metrics.counter("mysql_sink_txns_total", "Source transactions dispatched")
         self.conflicts = metrics.counter("mysql_sink_conflicts_total",
-                                         "Causality conflicts (each forces a flush of all workers)")
+                                         "Causality conflicts (each waits for the conflicting workers)")
         self.flushes = metrics.counter("mysql_sink_flushes_total", "Flushes of all workers")
         self.batch = metrics.histogram("mysql_sink_batch_seconds", "Worker batch transaction latency",
                                        buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
@@ -300,6 +304,23 @@ class MySQLSink(Sink):
                 delay = min(delay * 2, c.retry_backoff_max_ms / 1000.0)
         raise AssertionError("unreachable")
 
+    @property
+    def _fence_sql(self) -> str:
+        """`START TRANSACTION`, the shared lock on the epoch row, and a guard that fails (error
+        1242) unless the epoch is ours — the first statements of a one-round-trip transaction:
+        the server stops a multi-statement at its first error, so nothing after the guard runs
+        under a newer epoch."""
+        where = f"name={_q(self._name)} AND slot={EPOCH_SLOT}"
+        return (f"START TRANSACTION;\nSELECT epoch FROM {self._cp_table} WHERE {where} LOCK IN SHARE MODE;\n"
+                f"SELECT (SELECT 1 FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {self._cp_table} WHERE "
+                f"{where} AND epoch={int(self._epoch)}) UNION ALL SELECT 2) AS sluice_epoch_guard")
+
+    def _fenced(self, row: Any) -> SinkFenced:
+        return SinkFenced(f"mysql sink {self._name}: fenced: this sink has epoch {self._epoch} "
+                          f"but {self._cfg.checkpoint_schema}.{CHECKPOINT_TABLE} has "
+                          f"{'no epoch row' if row is None else f'epoch {row[0]}'}; a newer "
+                          f"drainer took over, stopping")
+
     def _begin_fenced(self, cur: Any) -> None:
         """Begin a transaction that S-locks the epoch row, refusing to go on under a newer epoch.
 
@@ -311,10 +332,7 @@ class MySQLSink(Sink):
         row = cur.fetchone()
         if row is None or int(row[0]) != self._epoch:
             cur.execute("ROLLBACK")
-            raise SinkFenced(f"mysql sink {self._name}: fenced: this sink has epoch {self._epoch} "
-                             f"but {self._cfg.checkpoint_schema}.{CHECKPOINT_TABLE} has "
-                             f"{'no epoch row' if row is None else f'epoch {row[0]}'}; a newer "
-                             f"drainer took over, stopping")
+            raise self._fenced(row)
 
     # -- control-connection transactions ------------------------------------------------------
 
@@ -404,9 +422,15 @@ class MySQLSink(Sink):
             "name": self._name, "epoch": self._epoch, "checkpoint": cp.commit_ts,
             "downstream_checkpoint": downstream, "dispatched_upper": upper,
             "safe_mode_until": self._safe_until if safe else 0}})
+        # Workers connect now, not at their first batch: open() fails fast on a downstream that
+        # refuses connections, and each connection (pymysql builds a TLS context per connect,
+        # tens of ms of CPU) is paid before the stream rather than in the apply path.
+        for w in range(self._cfg.worker_count):
+            self._worker_conn(w)
         self._dispatcher = Dispatcher(self._cfg.worker_count, self._cfg.txn_batch, self._execute,
                                       queue_size=self._cfg.queue_size, on_conflict=self._m.conflicts.inc,
-                                      name=f"mysql-sink-{self._name}")
+                                      name=f"mysql-sink-{self._name}",
+                                      max_batch=self._cfg.txn_batch_backlog)
         self._dispatcher.start(frontier=start)
 
     def _take_over(self) -> None:
@@ -516,6 +540,10 @@ class MySQLSink(Sink):
         assert d is not None
         last = work[-1].commit_ts
         lead = self._cfg.dispatched_upper_lead_ms << 18
+        # A call carrying more than one batch per worker is a backlog (the drainer catching up):
+        # each worker's share goes out in transactions of up to txn-batch-backlog rows.
+        rows = sum(len(item.changes) for item in work if isinstance(item, _RowsWork))
+        d.backlogged(rows > self._cfg.worker_count * self._cfg.txn_batch)
         for item in work:
             cts = item.commit_ts
             if cts > self._upper:
@@ -597,19 +625,27 @@ class MySQLSink(Sink):
                     row = cur.fetchone()
                     if row is not None and row[0] == batch_id:
                         return  # the lost connection had committed it
-                self._begin_fenced(cur)
                 # The applied bound is read now, so it never includes this batch: a true statement.
-                body = [s for s, _ in statements]
+                body = [self._fence_sql]
+                body += [s for s, _ in statements]
                 body.append(f"UPDATE {self._cp_table} SET commit_ts=GREATEST(commit_ts, "
                             f"{int(d.applied())}), batch_id='{batch_id}', conn_id=CONNECTION_ID() "
                             f"WHERE name={_q(self._name)} AND slot={w}")
                 failpoint.inject("mysql-sink-before-commit")
                 # One round trip; the server stops at the first failing statement, so COMMIT
-                # runs only when everything before it succeeded.
+                # runs only when everything before it succeeded — the fence guard included.
                 body.append("COMMIT")
-                cur.execute(";\n".join(body))
-                while cur.nextset():
-                    pass
+                try:
+                    cur.execute(";\n".join(body))
+                    while cur.nextset():
+                        pass
+                except pymysql.err.MySQLError as e:
+                    if _error_code(e) != FENCE_GUARD_ERROR:
+                        raise
+                    cur.execute("ROLLBACK")
+                    cur.execute(f"SELECT epoch FROM {self._cp_table} WHERE name=%s AND slot=%s",
+                                (self._name, EPOCH_SLOT))
+                    raise self._fenced(cur.fetchone()) from None
 
         def on_error(e: BaseException) -> None:
             self._worker_failed(w, e)

@@ -11,8 +11,8 @@ from sluice.drainer.causality import Causality, Dispatcher
 
 def test_two_changes_sharing_a_key_are_applied_in_source_order():
     """Two row changes that share a causality key are applied in source order. A change goes to
-    the worker that holds one of its keys; a change whose keys are held by two different workers
-    forces a flush of all workers before it is dispatched."""
+    the worker that holds one of its keys; a change whose keys are held by several workers stays
+    with one of them and waits until each of the others has committed everything it was given."""
     rng = random.Random(3)
     applied: list[tuple[int, int, tuple[str, ...]]] = []  # (worker, change no, keys) at commit
     lock = threading.Lock()
@@ -49,8 +49,60 @@ def test_two_changes_sharing_a_key_are_applied_in_source_order():
         for k in keys:
             assert last.get(k, -1) < n, f"key {k}: change {n} applied after {last[k]}"
             last[k] = n
-    assert d.conflicts > 0 and d.flushes >= d.conflicts
+    assert d.conflicts > 0 and d.waited_workers >= d.conflicts
     assert d.applied() == 3000
+
+
+def test_a_conflict_waits_only_for_the_workers_holding_its_keys():
+    """A change whose keys are held by several workers waits only for the others to commit —
+    a third worker stuck in a long transaction does not hold the dispatcher up."""
+    stuck = threading.Event()
+    seen: list[tuple[int, list[str]]] = []
+
+    def execute(w: int, items: list[str]) -> None:
+        if "slow" in items:
+            stuck.wait(10)
+        seen.append((w, items))
+
+    d: Dispatcher = Dispatcher(3, 100, execute, queue_size=400)
+    d.start()
+    c = Causality(3)
+    key_on = {w: next(f"k{i}" for i in range(100) if c.route([f"k{i}"], [0] * 3) == w) for w in range(3)}
+    d.dispatch([key_on[0]], "slow", commit_ts=1)
+    d.nudge()                                    # worker 0 is now inside a long transaction
+    d.dispatch([key_on[1]], "a", commit_ts=2)
+    d.dispatch([key_on[2]], "b", commit_ts=3)
+    started = time.monotonic()
+    w = d.dispatch([key_on[1], key_on[2]], "ab", commit_ts=4)  # held by workers 1 and 2
+    assert time.monotonic() - started < 5 and not stuck.is_set()
+    assert d.conflicts == 1 and d.flushes == 0 and d.waited_workers == 1
+    assert w in (1, 2)
+    other = 3 - w
+    assert (other, ["a" if other == 1 else "b"]) in seen   # the other holder committed first
+    stuck.set()
+    d.flush()
+    assert any("ab" in items for _, items in seen)
+    d.close()
+
+
+def test_a_backlog_is_committed_in_fewer_larger_transactions():
+    sizes: list[int] = []
+    d: Dispatcher = Dispatcher(2, 5, lambda w, items: sizes.append(len(items)), queue_size=100,
+                               max_batch=60)
+    d.start()
+    d.backlogged(True)
+    for i in range(100):
+        d.dispatch([f"k{i}"], i, commit_ts=i + 1)
+    d.nudge()
+    d.flush()
+    assert sum(sizes) == 100 and max(sizes) > 5 and len(sizes) <= 4
+    d.backlogged(False)
+    sizes.clear()
+    for i in range(100, 120):
+        d.dispatch([f"k{i}"], i, commit_ts=i + 1)
+    d.flush()
+    assert sum(sizes) == 20 and max(sizes) <= 10  # batch_size, maybe two coalesced from the queue
+    d.close()
 
 
 def test_route_follows_the_holder_and_reports_a_conflict():
