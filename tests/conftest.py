@@ -43,3 +43,16 @@ def mariadb_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator["MariaD
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd) -> Iterator["Cluster"]:  # type: ignore[no-untyped-def]
+    """A fresh etcd with one TSO; tests start the pumps/drainers they need. (Modules that need
+    another shape define their own `cluster` fixture, which takes precedence.)"""
+    from tests.support.cluster import Cluster
+    c = Cluster(tmp_path, etcd.endpoint)
+    try:
+        c.start_tso()
+        yield c
+    finally:
+        c.stop()

@@ -5,7 +5,6 @@ Start cluster, load, kill, restart, compare the producer's ack log with the sink
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -13,9 +12,8 @@ import pytest
 from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, Registry
 from sluice.drainer.checkpoint import read_checkpoint
-from tests.support.binlogs import TS
-from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, check_exactly_once,
-                                   read_file_sink, table_info)
+from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, check_exactly_once, fresh_ts,
+                                   load_in_background, read_file_sink, table_info)
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,28 +40,6 @@ def registry(cluster: Cluster) -> Iterator[Registry]:
     etcd.close()
 
 
-def fresh_ts(cluster: Cluster) -> int:
-    t = TS(cluster.tso_addrs, CLUSTER_ID)
-    try:
-        return t.get()
-    finally:
-        t.close()
-
-
-def load_in_background(w: TxnWriter, n: int) -> threading.Thread:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            w.write(n, PUMPS, group=100)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the test through `errors`
-            errors.append(e)
-    t = threading.Thread(target=run, daemon=True)
-    t.errors = errors  # type: ignore[attr-defined]
-    t.start()
-    return t
-
-
 def finish(cluster: Cluster, registry: Registry, name: str, w: TxnWriter) -> None:
     d = cluster.drainers[name]
     want = {a.commit_ts for a in w.acked if a.rows}
@@ -82,7 +58,7 @@ def test_kill9_drainer_mid_load_then_restart_exactly_once(cluster: Cluster, regi
     w = TxnWriter(cluster, [table_info(10 + i, "crash", f"t{i}") for i in range(3)], seed=11)
     w.declare("pump-1")
     d = cluster.start_drainer("d-kill", **{"initial-commit-ts": t0})
-    loader = load_in_background(w, 4000)
+    loader = load_in_background(w, 4000, PUMPS, group=100)
     wait_until(lambda: len(read_file_sink(d.out_dir)) >= 800, 30, 0.1, what="some output")
     d.proc.kill9()
     loader.join(60)
@@ -103,7 +79,7 @@ def test_kill_between_sink_flush_and_checkpoint_save_exactly_once(cluster: Clust
     w.declare("pump-1")
     d = cluster.start_drainer("d-flush", env={"SLUICE_FAILPOINTS": "drainer-before-checkpoint-save=exit(137)@3"},
                               **{"initial-commit-ts": t0})
-    loader = load_in_background(w, 3000)
+    loader = load_in_background(w, 3000, PUMPS, group=100)
     wait_until(lambda: not d.proc.alive(), 30, 0.1, what="the failpoint to kill d-flush")
     assert d.proc.popen.returncode == 137
     saved = read_checkpoint(registry, "d-flush").commit_ts

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +17,8 @@ from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, Registry
 from sluice.drainer.checkpoint import checkpoint_key, read_checkpoint
 from sluice.drainer.sink import Checkpoint
-from tests.support.binlogs import TS
-from tests.support.cluster import (CLUSTER_ID, Cluster, DrainerHandle, TxnWriter,
-                                   check_exactly_once, read_file_sink, table_info)
+from tests.support.cluster import (CLUSTER_ID, Cluster, DrainerHandle, TxnWriter, check_exactly_once,
+                                   fresh_ts, load_in_background, read_file_sink, table_info)
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,28 +46,6 @@ def registry(cluster: Cluster) -> Iterator[Registry]:
     etcd = Etcd(cluster.etcd, timeout=3)
     yield Registry(etcd, CLUSTER_ID)
     etcd.close()
-
-
-def fresh_ts(cluster: Cluster) -> int:
-    t = TS(cluster.tso_addrs, CLUSTER_ID)
-    try:
-        return t.get()
-    finally:
-        t.close()
-
-
-def load_in_background(w: TxnWriter, n: int) -> threading.Thread:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            w.write(n, PUMPS, group=50)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the test through `errors`
-            errors.append(e)
-    t = threading.Thread(target=run, daemon=True)
-    t.errors = errors  # type: ignore[attr-defined]
-    t.start()
-    return t
 
 
 def start_pair(cluster: Cluster, name: str, t0: int) -> tuple[DrainerHandle, DrainerHandle]:
@@ -118,7 +94,7 @@ def test_kill9_active_standby_takes_over_exactly_once(cluster: Cluster, registry
                what="the standby label")
     assert status(registry, name).status.addr == a.addr
 
-    loader = load_in_background(w, 2500)
+    loader = load_in_background(w, 2500, PUMPS, group=50)
     wait_until(lambda: len(read_file_sink(a.out_dir)) >= 300, 30, 0.1, what="some output")
     a.proc.kill9()
     cluster.wait_drainer_online(b, timeout=30)
@@ -157,7 +133,7 @@ def test_sigstop_active_past_ttl_then_sigcont_writes_nothing(cluster: Cluster,
     a, b = start_pair(cluster, name, t0)
     e1 = status(registry, name).status.epoch
 
-    loader = load_in_background(w, 2000)
+    loader = load_in_background(w, 2000, PUMPS, group=50)
     wait_until(lambda: len(read_file_sink(a.out_dir)) >= 300, 30, 0.1, what="some output")
     etcd = registry.etcd
     watch: int | None = None

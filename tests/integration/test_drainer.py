@@ -17,8 +17,8 @@ from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, Registry
 from sluice.drainer.checkpoint import read_checkpoint
 from sluice.proto import sluice_pb2 as pb
-from tests.support.binlogs import TS, commit, prewrite
-from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, check_exactly_once,
+from tests.support.binlogs import commit, prewrite
+from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, check_exactly_once, fresh_ts,
                                    read_file_sink, table_info)
 from tests.support.procs import wait_until
 
@@ -56,14 +56,6 @@ def writer_for(cluster: Cluster, db: str, tables: int = 3, seed: int = 1) -> Txn
     return TxnWriter(cluster, [table_info(base + i, db, f"t{i}") for i in range(tables)], seed=seed)
 
 
-def start_ts(cluster: Cluster) -> int:
-    t = TS(cluster.tso_addrs, CLUSTER_ID)
-    try:
-        return t.get()
-    finally:
-        t.close()
-
-
 def wait_sink_has(cluster: Cluster, name: str, writer: TxnWriter, timeout: float = 60) -> None:
     out = cluster.drainers[name].out_dir
     proc = cluster.drainers[name].proc
@@ -81,7 +73,7 @@ def test_three_pumps_random_load_lands_exactly_once_in_commit_order(cluster: Clu
     """Emit the smallest commit_ts only when every pump in the merge has a watermark >= it: the
     file sink holds every acknowledged transaction exactly once, in commit order, with its
     start_ts, commit_ts and rows."""
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, "load", tables=4)
     retired.append("d-load")
     cluster.start_drainer("d-load", **{"initial-commit-ts": t0})
@@ -121,7 +113,7 @@ def sink_commit_ts(cluster: Cluster, name: str) -> set[int]:
 def test_delayed_pump_holds_the_merge_then_order_is_exact(cluster: Cluster, retired: list[str]) -> None:
     """Emit the smallest commit_ts only when every pump in the merge has a watermark >= it:
     while one pump's stream is held back nothing is emitted, then the order is exact."""
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, "delay", seed=2)
     w.declare("pump-1")
     w.write(600, ["pump-1", "pump-2"], group=200)
@@ -143,7 +135,7 @@ def test_delayed_pump_holds_the_merge_then_order_is_exact(cluster: Cluster, reti
 def test_failover_copies_of_one_start_ts_are_emitted_once(cluster: Cluster, retired: list[str]) -> None:
     """One transaction, one commit_ts: a later copy of an emitted start_ts (failover copy on
     another pump) is dropped."""
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, "copies", seed=3)
     retired.append("d-copies")
     d = cluster.start_drainer("d-copies", **{"initial-commit-ts": t0})
@@ -172,7 +164,7 @@ def test_crashed_pump_stalls_the_merge_and_loses_nothing(cluster: Cluster, retir
                                                          registry: Registry) -> None:
     """A pump leaves the merge only by state, never because its heartbeat stopped: kill -9 a
     pump while the drainer lags, wait past its alive TTL, restart it — nothing is lost."""
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, "crash", seed=4)
     retired.append("d-crash")
     # pump-3's stream is slowed so the drainer lags behind it when it dies.
@@ -200,7 +192,7 @@ def test_pump_added_mid_run_joins_by_notify_and_idle_pumps_do_not_stall(
         cluster: Cluster, retired: list[str]) -> None:
     """Notify adds the pump to the merge before replying: a pump started mid-run loses nothing;
     idle pumps (fake binlogs only) do not hold the merge back."""
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, "notify", seed=5)
     retired.append("d-notify")
     d = cluster.start_drainer("d-notify", **{"initial-commit-ts": t0})
@@ -225,7 +217,7 @@ def test_paused_or_offline_pump_leaves_the_merge_after_its_final_ts(
     max_commit_ts: after it stops, the merge goes on without it and nothing of it is lost."""
     pump = f"pump-{how}"
     cluster.start_pump(pump)
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, f"leave_{how}", seed=6)
     name = f"d-leave-{how}"
     retired.append(name)
@@ -253,7 +245,7 @@ def test_pump_online_between_register_and_list_is_not_missed(
     """A drainer registers online+alive first, then lists pumps at revision R and watches from
     R+1; Notify adds the pump to the merge before replying: a pump coming online in between
     is not missed."""
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, "between", seed=7)
     retired.append("d-between")
     d = cluster.start_drainer("d-between", wait_online=False,
@@ -276,7 +268,7 @@ def test_status_lifecycle_online_pause_resume_offline(
     """Drainer states like TiDB-Binlog's: online (one alive drainer listed), pausing -> paused
     (process up, nothing applied, checkpoint saved), online again (applies), closing -> offline
     (process exits 0 with its checkpoint saved)."""
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, "states", seed=8)
     retired.append("d-states")
     d = cluster.start_drainer("d-states", **{"initial-commit-ts": t0})
@@ -315,7 +307,7 @@ def test_undecodable_payload_stops_the_drainer_naming_pump_and_commit_ts(
     """A transaction whose binlogs cannot be decoded is never skipped silently: the drainer
     stops naming the pump and commit_ts, with everything before it applied and nothing of it
     written; with skip-corrupt = true it drops it and goes on."""
-    t0 = start_ts(cluster)
+    t0 = fresh_ts(cluster)
     w = writer_for(cluster, "corrupt", seed=9)
     retired.append("d-corrupt")
     w.declare("pump-1")

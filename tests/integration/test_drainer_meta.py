@@ -10,8 +10,6 @@ real drainer: real etcd, TSO, pump and drainer processes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -26,16 +24,6 @@ from tests.support.procs import wait_until
 pytestmark = pytest.mark.timeout(180)
 
 PRODUCER = "capture-1"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, etcd) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path, etcd.endpoint)
-    try:
-        c.start_tso()
-        yield c
-    finally:
-        c.stop()
 
 
 def schema_value(info: pb.TableInfo) -> bytes:

@@ -1,8 +1,6 @@
 """A pump resolves prewrites of a producer that is down by writing to its outbox (DESIGN §5)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,16 +12,6 @@ from tests.support.cluster import CLUSTER_ID, Cluster
 from tests.support.procs import free_port, wait_until
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, etcd) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path, etcd.endpoint)
-    try:
-        c.start_tso()
-        yield c
-    finally:
-        c.stop()
 
 
 def test_prewrites_of_a_dead_producer_are_decided_by_its_outbox(cluster: Cluster, etcd,  # type: ignore[no-untyped-def]

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -16,16 +14,6 @@ from tests.support.cluster import CLUSTER_ID, Cluster
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, etcd) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path, etcd.endpoint)
-    try:
-        c.start_tso()
-        yield c
-    finally:
-        c.stop()
 
 
 def ddl_value(table_id: int) -> bytes:

@@ -22,16 +22,6 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, etcd) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path, etcd.endpoint)
-    try:
-        c.start_tso()
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture
 def ts(cluster: Cluster) -> Iterator[TS]:
     t = TS(cluster.tso_addrs, CLUSTER_ID)
     yield t

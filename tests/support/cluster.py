@@ -10,6 +10,7 @@ import contextlib
 import json
 import random
 import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,14 @@ class Cluster:
         }
         if sink == "file":
             settings["to.dir"] = str(out_dir)
+        elif sink == "spark":
+            # Files under the name's output dir; the caller passes `to.metastore` (the Derby
+            # network server it started). Small, quick micro-batches: tests land few rows, and a
+            # Spark session here takes 20-35 s to start, so wait for it with
+            # start_drainer(wait_online=False) + wait_drainer_online(handle, timeout=...).
+            settings.update({"to.root": str(out_dir), "to.warehouse": str(out_dir / "warehouse"),
+                             "to.master": "local[2]", "to.shuffle-partitions": 2,
+                             "to.batch-interval": 2.0, "to.log-level": "ERROR"})
         settings.update(extra)
         return settings
 
@@ -381,3 +390,27 @@ def check_exactly_once(out_dir: Path, acked: list[Acked]) -> list[dict[str, Any]
         assert t["id"] == str(a.start_ts)
         assert t["rows"] == [(a.table, op, i, v) for op, i, v in a.rows]
     return got
+
+
+def fresh_ts(cluster: Cluster) -> int:
+    """One timestamp from the cluster's TSO (e.g. a drainer's initial-commit-ts)."""
+    t = TS(cluster.tso_addrs, cluster.cluster_id)
+    try:
+        return t.get()
+    finally:
+        t.close()
+
+
+def load_in_background(w: TxnWriter, n: int, pumps: list[str], group: int = 100) -> threading.Thread:
+    """Write n transactions on a thread; the thread's `errors` list holds what it raised."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.write(n, pumps, group=group)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the test through `errors`
+            errors.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.errors = errors  # type: ignore[attr-defined]
+    t.start()
+    return t
