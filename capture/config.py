@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import re
 
 from sluice.core.errors import ConfigError
@@ -46,7 +47,9 @@ class CaptureConfig:
     etcd: str = "127.0.0.1:2379"
     tso: list[str] = dataclasses.field(default_factory=list)   # empty: leader from etcd
     addr: str = "127.0.0.1:0"        # TxnStatus listen address
-    start_position: str = "latest"   # earliest | latest | gtid:D-S-N[,...] (first start only)
+    # earliest | latest | gtid:D-S-N[,...] | timestamp:T (T: unix seconds or ISO-8601, UTC
+    # unless it names a zone). Used at the first start only: afterwards the pumps' position.
+    start_position: str = "latest"
     signal_table: str = ""           # "db.table": never captured as data
     mark_table: str = ""             # "db.table" the MySQL sink writes to mark its own writes
     group_max_txns: int = 256
@@ -56,11 +59,33 @@ class CaptureConfig:
     metrics_addr: str = ""
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
 
+    def start_timestamp_ms(self) -> int | None:
+        """T of `start-position = "timestamp:T"` in milliseconds, else None."""
+        sp = self.start_position
+        if not sp.startswith("timestamp:"):
+            return None
+        text = sp[len("timestamp:"):].strip()
+        try:
+            return int(float(text) * 1000)
+        except ValueError:
+            pass
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        return int(when.timestamp() * 1000)
+
     def validate(self, where: str) -> None:
         sp = self.start_position
-        if sp not in ("earliest", "latest") and not (sp.startswith("gtid:") and _GTID_LIST.fullmatch(sp[5:])):
-            raise ConfigError(f"{where}: key 'start-position' is {sp!r}: want earliest, latest or "
-                              "gtid:D-S-N[,D-S-N...]")
+        ok = sp in ("earliest", "latest") or (sp.startswith("gtid:") and _GTID_LIST.fullmatch(sp[5:]))
+        if not ok and sp.startswith("timestamp:"):
+            try:
+                ok = self.start_timestamp_ms() is not None
+            except ValueError:
+                ok = False
+        if not ok:
+            raise ConfigError(f"{where}: key 'start-position' is {sp!r}: want earliest, latest, "
+                              "gtid:D-S-N[,D-S-N...] or timestamp:T (unix seconds or ISO-8601, "
+                              "e.g. timestamp:2024-05-01T12:00:00Z)")
         for key in ("signal_table", "mark_table"):
             v = getattr(self, key)
             if v and v.count(".") != 1:

@@ -276,9 +276,9 @@ def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
         assert p is not None
         if (p.kind == "punct" and p.text in (",", ")")) or p.is_("FIRST", "AFTER"):
             break
-        if r.accept("UNSIGNED"):
-            col.unsigned = True
-        elif r.accept("SIGNED", "ZEROFILL", "BINARY", "AUTO_INCREMENT", "VIRTUAL", "PERSISTENT",
+        if r.accept("UNSIGNED", "ZEROFILL"):
+            col.unsigned = True    # ZEROFILL implies UNSIGNED
+        elif r.accept("SIGNED", "BINARY", "AUTO_INCREMENT", "VIRTUAL", "PERSISTENT",
                       "STORED", "ALWAYS", "GENERATED", "DESC", "ASC"):
             pass
         elif r.accept("NOT"):
@@ -607,7 +607,12 @@ def _statement(r: _Reader, default_db: str) -> Statement | None:
             q = r.peek(1)
             if q is not None and q.is_("SELECT", "WITH"):
                 return Statement(pb.CREATE_TABLE, db, table)
+            body_start = r.i
             tdef = _create_body(r)
+            if any(t.is_("SELECT") for t in r.t[body_start:r.i]):
+                # "CREATE TABLE t (a int) SELECT b ...": the SELECT adds columns the body does
+                # not list; the TableMap of the inserted rows declares the shape.
+                return Statement(pb.CREATE_TABLE, db, table)
             return Statement(pb.CREATE_TABLE, db, table, table_def=tdef)
         return Statement(pb.CREATE_TABLE, db, table)   # CREATE TABLE ... AS SELECT
     if r.accept("ALTER"):
@@ -659,7 +664,11 @@ def _statement(r: _Reader, default_db: str) -> Statement | None:
 
 
 def apply_alter(tdef: TableDef, ops: tuple[tuple, ...]) -> TableDef:
-    """The shape after ALTER ops; raises KeyError when an op names a column the shape lacks."""
+    """The shape after ALTER ops; raises KeyError when an op names a column the shape lacks.
+
+    Idempotent for additions: ADD of a column or key the shape already has replaces it, so a
+    statement replayed against a model that already reflects it leaves the model unchanged.
+    """
     t = tdef.copy()
 
     def index_of(name: str) -> int:
@@ -681,15 +690,27 @@ def apply_alter(tdef: TableDef, ops: tuple[tuple, ...]) -> TableDef:
         t.indexes[:] = [i for i in t.indexes if not i.primary]
         t.indexes.insert(0, pb.IndexInfo(name="PRIMARY", columns=[name], primary=True, unique=True))
 
+    def add_unique(idx: pb.IndexInfo) -> None:
+        t.indexes[:] = [i for i in t.indexes if i.primary or i.name.lower() != idx.name.lower()]
+        t.indexes.append(idx)
+
     for op in ops:
         kind = op[0]
         if kind == "add":
             _, col, where, primary, unique = op
-            place(col, where, len(t.columns))
+            try:
+                # Already there: the model is newer than this statement (seeded from SHOW CREATE
+                # TABLE after a restart behind the source). Re-applying must not duplicate it.
+                existing = index_of(col.name)
+            except KeyError:
+                place(col, where, len(t.columns))
+            else:
+                del t.columns[existing]
+                place(col, where, existing)
             if primary:
                 set_pk(col.name)
             elif unique:
-                t.indexes.append(pb.IndexInfo(name=col.name, columns=[col.name], unique=True))
+                add_unique(pb.IndexInfo(name=col.name, columns=[col.name], unique=True))
         elif kind == "drop":
             i = index_of(op[1])
             name = t.columns[i].name.lower()
@@ -729,7 +750,7 @@ def apply_alter(tdef: TableDef, ops: tuple[tuple, ...]) -> TableDef:
                     t.indexes[:] = [i for i in t.indexes if not i.primary]
                     t.indexes.insert(0, idx)
                 elif idx.unique:
-                    t.indexes.append(idx)
+                    add_unique(idx)
         elif kind == "drop_pk":
             t.indexes[:] = [i for i in t.indexes if not i.primary]
         elif kind == "drop_index":

@@ -19,10 +19,14 @@ class CaptureMetrics:
         m = self.metrics = Metrics()
         self.state = m.gauge("capture_state", "1 for the capture's current state", ("state",))
         self.lag = m.gauge("capture_source_lag_seconds",
-                           "now - source commit time of the last transaction read (0 when idle)")
+                           "now - source commit time of the last transaction committed to the "
+                           "pumps; 0 when caught up (last source event a heartbeat, nothing "
+                           "waiting)")
         self.txns = m.counter("capture_transactions_total", "source transactions committed to pumps")
         self.groups = m.counter("capture_groups_total", "groups committed to pumps")
         self.rows = m.counter("capture_rows_total", "row changes committed to pumps")
+        self.reconnects = m.counter("capture_reconnects_total",
+                                    "binlog connections re-opened after a loss")
         self.group_seconds = m.histogram("capture_group_seconds", "prewrite to commit ack per group",
                                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
         self._current = ""

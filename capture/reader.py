@@ -17,16 +17,32 @@ same points, so both agree that a TableMap lives for one transaction.
 Transaction boundaries on MariaDB: a GTID event starts every event group (there is no BEGIN query
 event); a transactional group ends with an XID event, a non-transactional one (MyISAM rows) with a
 `COMMIT` query event, and a standalone group (flag FL_STANDALONE: DDL) with its single query event.
+
+The library's MariaDB COM_BINLOG_DUMP packet declares a 14-byte payload but sends 15 bytes (its
+length forgets the command byte). The server reads packets by their declared length, so the 15th
+byte stays in its socket's receive queue; when it ends the dump (the end of the binlog in
+non-blocking mode, an error such as a purged GTID, a shutdown) it closes a socket with unread
+data, and the kernel answers with an RST instead of a FIN, discarding everything still queued
+for sending. The server finishes writing long before a slow reader has read, so the reader got
+"Connection reset by peer" at the same binlog offset on every run (what had reached its receive
+window) and the rest was gone; a server error packet could be lost the same way.
+`FixedBinLogStreamReader` sends the right length.
+
+A transaction cut by a lost connection or a source restart is dropped whole; the schema tracker
+then forgets what it believed declared downstream (that transaction's schema snapshots were
+dropped with it), so the next TableMap of each table declares its shape again.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import re
+import struct
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.event import (FormatDescriptionEvent, HeartbeatLogEvent, MariadbGtidEvent,
                                       MariadbGtidListEvent, QueryEvent, RotateEvent, XidEvent)
@@ -72,7 +88,21 @@ class BinlogProtocolError(SluiceError):
 
 
 class SourceDisconnected(SluiceError):
+    """The binlog connection was lost (or could not be opened): reconnect from a known position."""
+
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class SourceRefused(SluiceError):
+    """The source answered the binlog dump with an error (a purged GTID, missing privileges)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+# MySQL client errors that mean "the connection is gone or the server is not there (yet)": the
+# capture reconnects after them. Anything else the server says (a purged GTID, an access error)
+# is fatal and named.
+RECONNECTABLE_CODES = frozenset({2003, 2006, 2013, 2055, 1053, 1927})
 
 
 def file_seq_of(name: str) -> int:
@@ -215,7 +245,7 @@ class Assembler:
                 # The source restarted inside a group: it never committed, the server drops it.
                 log.warning("transaction cut by a source restart dropped",
                             extra={"fields": {"at": self._txn.where()}})
-                self._reset_txn()
+                self.abandon()
             return None
         return None   # GTID lists, checkpoints, heartbeats, annotations: no data
 
@@ -302,6 +332,20 @@ class Assembler:
         self._maps.clear()
         self._on_txn_end()
 
+    def abandon(self) -> None:
+        """Drop the open transaction, if any (its source connection was lost or restarted).
+
+        Shapes it declared were going to travel in its own schema snapshots, which are dropped
+        with it: the tracker must stop believing they are declared downstream.
+        """
+        if self._txn is not None:
+            self._reset_txn()
+            self.tracker.reset_declared()
+
+    def resume_state(self) -> str:
+        """The GTID state after the last whole transaction returned: where to reconnect from."""
+        return ",".join(f"{d}-{s}-{n}" for d, (s, n) in sorted(self.gtid_state.items()))
+
     def _finish(self) -> SourceTxn | None:
         t = self._txn
         if t is None:
@@ -332,7 +376,17 @@ class _StrictTableMap(dict):
         raise UnknownTableId(table_id, self.where())
 
 
-class StrictBinLogStreamReader(BinLogStreamReader):
+class FixedBinLogStreamReader(BinLogStreamReader):
+    """BinLogStreamReader whose MariaDB COM_BINLOG_DUMP packet has the right length (see the
+    module docstring): the only change, so it is also the honest baseline for benchmarks."""
+
+    def _BinLogStreamReader__set_mariadb_settings(self) -> bytes:  # noqa: N802 - overrides the private
+        prelude: bytes = BinLogStreamReader._BinLogStreamReader__set_mariadb_settings(self)  # type: ignore[attr-defined]
+        # 3-byte payload length + sequence id 0, then the payload as the library built it.
+        return struct.pack("<I", len(prelude) - 4) + prelude[4:]
+
+
+class StrictBinLogStreamReader(FixedBinLogStreamReader):
     """BinLogStreamReader whose TableMap cache refuses unknown table_ids instead of dropping rows."""
 
     def __init__(self, *args: Any, where: Callable[[], str] = lambda: "?", **kwargs: Any) -> None:
@@ -368,29 +422,60 @@ EVENTS = [MariadbGtidEvent, MariadbGtidListEvent, TableMapEvent, WriteRowsEvent,
 
 
 class BinlogReader:
-    """A blocking iterator of SourceTxn from a MariaDB source, starting after a GTID state."""
+    """A blocking iterator of SourceTxn from a MariaDB source, starting after a GTID state.
+
+    One connection per reader: when it is lost, `transactions()` raises SourceDisconnected and
+    the caller makes a new reader from `assembler.resume_state()` (and the same tracker), or from
+    the pumps' committed position after a restart.
+    """
 
     def __init__(self, connection: dict[str, Any], *, replica_server_id: int,
                  tracker: SchemaTracker, gtid_state: str, blocking: bool = True,
-                 heartbeat_s: float = 1.0) -> None:
+                 heartbeat_s: float = 1.0, on_connected: Callable[[], None] | None = None) -> None:
         self.assembler = Assembler(tracker, parse_gtid_state(gtid_state),
                                    on_txn_end=self._clear_library_maps)
+        # The dump connection's read timeout: several missed heartbeats mean the server (or the
+        # network) is gone, which a blocking read without a timeout would never notice.
+        settings = dict(connection)
+        settings.setdefault("read_timeout", max(10, int(heartbeat_s * 10) + 1))
+        settings.setdefault("connect_timeout", 5)
         self._stream = StrictBinLogStreamReader(
-            dict(connection), server_id=replica_server_id, blocking=blocking, is_mariadb=True,
+            settings, server_id=replica_server_id, blocking=blocking, is_mariadb=True,
             auto_position=gtid_state, only_events=EVENTS, slave_heartbeat=heartbeat_s,
             enable_logging=False, where=self.assembler.where)
+        self._on_connected = on_connected
         self.last_event_at = time.monotonic()
+        self.caught_up = False        # the last event was a heartbeat: nothing more to send
+        self.events = 0
 
     def _clear_library_maps(self) -> None:
         self._stream.table_map.clear()
 
     def transactions(self) -> Iterator[SourceTxn]:
         feed = self.assembler.feed
-        for ev in self._stream:
-            self.last_event_at = time.monotonic()
-            txn = feed(ev)
-            if txn is not None:
-                yield txn
+        try:
+            for ev in self._stream:
+                self.last_event_at = time.monotonic()
+                self.events += 1
+                if self.events == 1 and self._on_connected is not None:
+                    self._on_connected()
+                # MariaDB sends a heartbeat only after `heartbeat_s` without any event to send.
+                self.caught_up = type(ev) is HeartbeatLogEvent
+                txn = feed(ev)
+                if txn is not None:
+                    yield txn
+        except pymysql.MySQLError as e:
+            code = e.args[0] if e.args else 0
+            self.assembler.abandon()
+            if isinstance(e, pymysql.OperationalError) and code in RECONNECTABLE_CODES:
+                raise SourceDisconnected(f"binlog connection to the source failed ({code}: "
+                                         f"{e.args[-1]}) {self.assembler.where()}") from None
+            raise SourceRefused(f"the source refused the binlog stream from GTID state "
+                                f"{self.assembler.resume_state() or '(start)'} ({code}: "
+                                f"{e.args[-1] if e.args else e})") from None
+        except SourceDisconnected:
+            self.assembler.abandon()
+            raise
 
     def lag_s(self) -> float:
         ts = self.assembler.last_event_ts

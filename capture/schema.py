@@ -269,6 +269,28 @@ class SchemaTracker:
     def model(self, db: str, table: str) -> ddlmod.TableDef | None:
         return self._models.get((db, table))
 
+    def seeded_tables(self) -> list[tuple[str, str]]:
+        """Every (db, table) with a DDL model, sorted."""
+        return sorted(self._models)
+
+    def declare_seeded(self, tables: Iterable[tuple[str, str]], version: int) -> list[pb.TableInfo]:
+        """Shapes of these captured tables from their DDL models, now declared downstream.
+
+        For the schema-snapshot transaction the capture writes at its first start (and for tables
+        that entered the filter while it was stopped), so a table that is never written still has
+        a shape downstream. Rows are still encoded with the TableMap's shape: where it differs
+        from the model's, the table's first TableMap declares it again (`on_table_map`).
+        """
+        out: list[pb.TableInfo] = []
+        for db, table in tables:
+            model = self._models.get((db, table))
+            if model is None or not self.filter.captures(db, table):
+                continue
+            info = self._info_from_model(db, table, model, version)
+            self._declared[(db, table)] = info
+            out.append(info)
+        return out
+
     def declared(self, db: str, table: str) -> pb.TableInfo | None:
         return self._declared.get((db, table))
 

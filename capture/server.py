@@ -2,24 +2,46 @@
 
 Invariant: the capture streams only after the source passed every start-up check (exit 2 with
 one line otherwise) and after recovery fenced older epochs and found where the pumps' committed
-prefix ends; it then reads strictly after that position.
+prefix ends; it then reads strictly after that position, and every later connection of the run
+resumes strictly after the last transaction it read.
+
+Start position: the pumps' recorded position when there is one (never the config again: a
+restart that re-evaluated `latest` would skip what was written while it was down); otherwise
+`start-position`. `timestamp:T` reads from the oldest binlog and passes every transaction
+committed before T (by its binlog timestamp, 1 s resolution) as an empty one, which only moves
+the recorded position forward. At the first start the capture writes one schema-snapshot transaction, before
+any data, declaring every captured table (shapes from SHOW CREATE TABLE), so tables that are
+never written still have a shape downstream; that transaction also records the start position
+in the pumps. Tables that entered the filter while the capture was stopped are declared the same
+way at the next start (the set declared so far is kept in etcd under
+`capture-tables/<producer-id>`); tables entering it while it runs (CREATE, RENAME into the
+filter) are declared by their DDL binlog.
 
 Threads: the binlog reader blocks (pymysql), so it runs in one thread and hands whole source
 transactions to the event loop through a bounded queue; grouping and pump writes run on the loop.
+A lost source connection is not an error: the state goes to `reconnecting`, every transaction
+already read is still written, and a new connection resumes from the GTID state after the last
+one (with backoff while the source is down). Each state change is logged once.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
+import signal
 import threading
 import time
+from typing import Any
+
+import pymysql
 
 from sluice.capture import checks
 from sluice.capture.config import CaptureConfig
 from sluice.capture.metrics import CaptureMetrics
-from sluice.capture.reader import BinlogReader, SourceTxn, gtid_state_text
-from sluice.capture.schema import SchemaTracker, TableFilter
+from sluice.capture.reader import (BinlogReader, SourceDisconnected, SourceTxn, file_seq_of,
+                                   gtid_state_text, parse_gtid_state)
+from sluice.capture.schema import SchemaTracker, TableFilter, version_of
 from sluice.capture.writer import GroupWriter
 from sluice.client.pumps import PumpsClient
 from sluice.client.producer import ProducerServer
@@ -27,13 +49,25 @@ from sluice.core import config as cfg
 from sluice.core import errors
 from sluice.core import log as logsetup
 from sluice.core.etcd import Etcd
+from sluice.core.position import format_position, is_empty
 from sluice.core.registry import Registry
 from sluice.core.tso_client import TSOClient
+from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 _QUEUE = 1024
 _END = object()
+_STOP = object()
+_SYSTEM_DBS = ("mysql", "information_schema", "performance_schema", "sys")
+RECONNECT_BACKOFF_S = (0.2, 5.0)     # first and longest wait between reconnect attempts
+
+
+class _Disconnected:
+    """Queue marker: the reader's connection ended; everything read before it is queued."""
+
+    def __init__(self, error: SourceDisconnected, resume: str) -> None:
+        self.error, self.resume = error, resume
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,6 +107,80 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(Capture(config).run())
 
 
+def read_table_definitions(params: dict[str, Any], table_filter: TableFilter
+                           ) -> list[tuple[str, str, str]]:
+    """(db, table, SHOW CREATE TABLE text) of every base table outside the system databases.
+
+    Not only the captured ones: a table renamed into the filter later needs its model too.
+    """
+    conn = pymysql.connect(**params, autocommit=True, connect_timeout=5)
+    out: list[tuple[str, str, str]] = []
+    try:
+        cur = conn.cursor()
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                    "WHERE TABLE_TYPE = 'BASE TABLE' AND TABLE_SCHEMA NOT IN (%s, %s, %s, %s) "
+                    "ORDER BY TABLE_SCHEMA, TABLE_NAME", _SYSTEM_DBS)
+        for db, table in cur.fetchall():
+            if not table_filter.captures_db(db) and not table_filter.captures(db, table):
+                # Cheap skip for databases outside the filter; RENAME across databases into
+                # the filter then declares from the TableMap instead of the DDL model.
+                continue
+            try:
+                cur.execute(f"SHOW CREATE TABLE `{db.replace('`', '``')}`.`{table.replace('`', '``')}`")
+            except pymysql.err.ProgrammingError as e:
+                if e.args and e.args[0] == 1146:   # dropped since the listing
+                    continue
+                raise
+            row = cur.fetchone()
+            if row is not None:
+                out.append((db, table, row[1]))
+    finally:
+        conn.close()
+    return out
+
+
+def earliest_state(oldest_gtid_list: str) -> str:
+    """The GTID state at the start of the oldest binlog: one GTID per domain, the highest.
+
+    Not "" when binlogs were purged: MariaDB refuses an empty start state for domains whose
+    first transactions are gone, and the saved-position check would refuse it at a restart.
+    """
+    best: dict[int, tuple[int, int]] = {}
+    for part in filter(None, (p.strip() for p in oldest_gtid_list.split(","))):
+        d, srv, n = (int(x) for x in part.split("-"))
+        if d not in best or n > best[d][1]:
+            best[d] = (srv, n)
+    return ",".join(f"{d}-{srv}-{n}" for d, (srv, n) in sorted(best.items()))
+
+
+def start_snapshot_position(start: str, facts: checks.SourceFacts, oldest_file: str) -> pb.Position:
+    """Where the first-start schema snapshot sits: just before the first transaction streamed.
+
+    GTID-only at the start state, so it compares by GTIDs with every streamed transaction (file
+    coordinates read separately could be behind a transaction committed meanwhile). With an
+    empty GTID state the binlogs hold no transaction yet: the start of the oldest binlog.
+    """
+    pos = pb.Position(server_id=facts.server_id)
+    state = parse_gtid_state(start)
+    if state:
+        pos.gtids.extend(pb.GtidPos(domain_id=d, server_id=s, seq_no=n)
+                         for d, (s, n) in sorted(state.items()))
+    else:
+        pos.file_seq, pos.offset, pos.file_name = file_seq_of(oldest_file), 4, oldest_file
+    return pos
+
+
+def _oldest_binlog(params: dict[str, Any]) -> str:
+    conn = pymysql.connect(**params, autocommit=True, connect_timeout=5)
+    try:
+        cur = conn.cursor()
+        cur.execute("SHOW BINARY LOGS")
+        rows = cur.fetchall()
+        return str(rows[0][0]) if rows else ""
+    finally:
+        conn.close()
+
+
 class Capture:
     def __init__(self, config: CaptureConfig) -> None:
         self.config = config
@@ -88,44 +196,65 @@ class Capture:
         self.producer = ProducerServer(config.etcd, config.cluster_id, config.producer_id,
                                        self.writer.decide, host=host or "127.0.0.1",
                                        port=int(port or 0), security=config.security)
+        self.tracker = self._tracker()
         self._reader: BinlogReader | None = None
         self._stop = threading.Event()
+        self._stopping = False
+        self._queue: asyncio.Queue[object] | None = None
+        self._writing = False
+        self._committed_ts_ms = 0       # source time of the last committed transaction
 
     async def run(self) -> int:
         c = self.config
         self.metrics.set_state("starting")
         self.metrics.metrics.serve(c.metrics_addr)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal)
+        lag_task = loop.create_task(self._lag_loop(), name="capture-lag")
         try:
             await self.producer.start()
             await self.pumps.start()
             epoch = await self.producer.bump_epoch()
             pos = await self.writer.recover(epoch)
-            saved = gtid_state_text(pos.gtids) if pos.gtids else None
+            first_start = is_empty(pos)
+            # The recorded position wins over the config on every start but the first (an empty
+            # GTID state is a real position too: "from the first binlog").
+            saved = None if first_start else gtid_state_text(pos.gtids)
             facts = await asyncio.to_thread(source_checks, c, saved)
             if saved is not None:
                 start = saved
-            elif c.start_position == "earliest":
-                start = ""
+            elif c.start_position == "earliest" or c.start_timestamp_ms() is not None:
+                start = earliest_state(facts.oldest_gtid_list)
             elif c.start_position == "latest":
                 start = facts.gtid_binlog_pos
             else:
                 start = c.start_position[5:]
+            await self._declare_tables(pos, start, facts)
+            self.metrics.set_state("connected", source=c.source.address(), epoch=epoch,
+                                   position=format_position(pos), after=start or "(first binlog)")
             await self._stream(start)
+            self.metrics.set_state("stopped")
             return 0
-        except errors.ConfigError:
-            self.metrics.set_state("failed")
-            raise
         except Exception as e:
-            self.metrics.set_state("failed", error=str(e)[:300])
+            self.metrics.set_state("failed", error=f"{type(e).__name__}: {e}"[:500])
             raise
         finally:
             self._stop.set()
+            lag_task.cancel()
             if self._reader is not None:
                 self._reader.close()
+            await self.producer.stop()
+            await self.writer.close()
             await self.pumps.close()
             await self.tso.close()
-            await self.producer.stop()
             self.etcd.close()
+
+    def _on_signal(self) -> None:
+        self._stopping = True
+        q = self._queue
+        if q is not None and not q.full():
+            q.put_nowait(_STOP)
 
     def _tracker(self) -> SchemaTracker:
         c = self.config
@@ -134,34 +263,110 @@ class Capture:
             f.include_databases, f.exclude_databases, f.include_tables, f.exclude_tables,
             ignored=[c.signal_table, c.mark_table]))
 
-    async def _stream(self, start: str) -> None:
+    # -- schema at start ----------------------------------------------------------------------
+
+    async def _declare_tables(self, pos: pb.Position, start: str, facts: checks.SourceFacts) -> None:
+        """Seed DDL models from SHOW CREATE TABLE; write the schema-snapshot transaction of the
+        captured tables not declared yet (all of them at the first start)."""
+        c = self.config
+        defs = await asyncio.to_thread(read_table_definitions, c.source.connection(),
+                                       self.tracker.filter)
+        for db, table, sql in defs:
+            self.tracker.seed(db, table, sql)
+        captured = sorted(f"{db}.{table}" for db, table, _ in defs
+                          if self.tracker.filter.captures(db, table))
+        key = f"capture-tables/{c.producer_id}"
+        first_start = is_empty(pos)
+        declared = None if first_start else await asyncio.to_thread(self.registry.get_json, key)
+        todo = [x for x in captured if declared is None or x not in declared]
+        if first_start or todo:
+            if first_start:
+                oldest = "" if parse_gtid_state(start) else await asyncio.to_thread(
+                    _oldest_binlog, c.source.connection())
+                at = start_snapshot_position(start, facts, oldest)
+            else:
+                # Right after the last committed transaction, before the next one read.
+                at = pb.Position()
+                at.CopyFrom(pos)
+                at.sub_seq = pos.sub_seq + 1
+            infos = self.tracker.declare_seeded(
+                [tuple(x.split(".", 1)) for x in todo],   # type: ignore[misc]
+                version_of(at.file_seq, at.offset))
+            value = pb.PrewriteValue(schema_snapshots=infos, source=pb.SourceInfo(
+                name=c.source.resolved_name(), server_id=facts.server_id,
+                ts_ms=int(time.time() * 1000)))
+            await self.writer.write_items([(value, at)])
+            log.info("declared %d table(s) in a schema-snapshot transaction at %s",
+                     len(infos), format_position(at),
+                     extra={"fields": {"first_start": first_start}})
+        if declared is None or set(captured) != set(declared):
+            await asyncio.to_thread(self.registry.put_json, key, captured)
+
+    # -- streaming ----------------------------------------------------------------------------
+
+    def _start_reader(self, start: str, queue: asyncio.Queue[object]) -> None:
         c = self.config
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[object] = asyncio.Queue(_QUEUE)
-        self._reader = BinlogReader(c.source.connection(), replica_server_id=c.source.server_id,
-                                    tracker=self._tracker(), gtid_state=start,
-                                    heartbeat_s=c.heartbeat_s)
-        self.metrics.set_state("connected", source=c.source.address(), after=start or "earliest")
-        reader = self._reader
 
-        def pump_thread() -> None:
+        def connected() -> None:
+            loop.call_soon_threadsafe(lambda: self.metrics.set_state(
+                "streaming", after=start or "(first binlog)"))
+
+        reader = self._reader = BinlogReader(
+            c.source.connection(), replica_server_id=c.source.server_id, tracker=self.tracker,
+            gtid_state=start, heartbeat_s=c.heartbeat_s, on_connected=connected)
+
+        def put(item: object) -> None:
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+
+        skip_before_ms = c.start_timestamp_ms()
+
+        def reader_thread() -> None:
             try:
                 for txn in reader.transactions():
                     if self._stop.is_set():
                         return
-                    asyncio.run_coroutine_threadsafe(queue.put(txn), loop).result()
-                asyncio.run_coroutine_threadsafe(queue.put(_END), loop).result()
+                    if skip_before_ms is not None and txn.ts_ms < skip_before_ms:
+                        txn = self._skipped(txn)
+                    put(txn)
+                put(_END)
+            except SourceDisconnected as e:
+                if not self._stop.is_set():
+                    put(_Disconnected(e, reader.assembler.resume_state()))
             except BaseException as e:  # noqa: BLE001 - handed to the loop, which raises it
                 if not self._stop.is_set():
-                    asyncio.run_coroutine_threadsafe(queue.put(e), loop).result()
+                    put(e)
 
-        threading.Thread(target=pump_thread, name="binlog-reader", daemon=True).start()
-        self.metrics.set_state("streaming")
+        threading.Thread(target=reader_thread, name="binlog-reader", daemon=True).start()
+
+    def _skipped(self, txn: SourceTxn) -> SourceTxn:
+        """A transaction committed before `start-position = timestamp:T`, made empty: it only
+        carries the position forward (in the reader thread, which owns the tracker).
+
+        Its DDL still shaped the tracker's models, but what it declared never goes downstream:
+        the tracker forgets its declarations, so the next TableMap of each table declares again.
+        """
+        if txn.ddls or txn.schema_snapshots:
+            self.tracker.reset_declared()
+        return dataclasses.replace(txn, mutations=(), schema_snapshots=(), ddls=(), size=0)
+
+    async def _stream(self, start: str) -> None:
+        c = self.config
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue(_QUEUE)
+        self._queue = queue
+        self._start_reader(start, queue)
         wait_s = c.group_max_wait_ms / 1000
-        while True:
-            item = await queue.get()
-            if item is _END:
+        backoff = RECONNECT_BACKOFF_S[0]
+        m = self.metrics
+        held: object = None      # a marker that ended the previous group, handled first
+        while not self._stopping:
+            item, held = (held, None) if held is not None else (await queue.get(), None)
+            if item is _END or item is _STOP:
                 return
+            if isinstance(item, _Disconnected):
+                backoff = await self._reconnect(item, queue, backoff)
+                continue
             if isinstance(item, BaseException):
                 raise item
             group: list[SourceTxn] = [item]  # type: ignore[list-item]
@@ -173,16 +378,56 @@ class Capture:
                         queue.get(), max(0.0, deadline - loop.time()))
                 except asyncio.TimeoutError:
                     break
-                if nxt is _END or isinstance(nxt, BaseException):
-                    queue.put_nowait(nxt)
+                if not isinstance(nxt, SourceTxn):
+                    held = nxt    # a marker ends the group; handled first thing next round
                     break
-                group.append(nxt)  # type: ignore[arg-type]
-                size += nxt.size  # type: ignore[union-attr]
+                group.append(nxt)
+                size += nxt.size
             t0 = time.monotonic()
-            await self.writer.write_group(group)
-            m = self.metrics
+            self._writing = True
+            try:
+                await self.writer.write_group(group)
+            finally:
+                self._writing = False
+            backoff = RECONNECT_BACKOFF_S[0]
+            self._committed_ts_ms = group[-1].ts_ms
             m.group_seconds.observe(time.monotonic() - t0)
             m.groups.inc()
             m.txns.inc(len(group))
             m.rows.inc(sum(len(mu.changes) for t in group for mu in t.mutations))
-            m.lag.set(max(0.0, time.time() - group[-1].ts_ms / 1000) if queue.qsize() else 0.0)
+            m.lag.set(self.lag_s())
+
+    async def _reconnect(self, lost: _Disconnected, queue: asyncio.Queue[object], backoff: float) -> float:
+        """Everything read before the loss is written already (it was ahead in the queue)."""
+        self.metrics.set_state("reconnecting", error=str(lost.error)[:300],
+                               after=lost.resume or "(first binlog)")
+        self.metrics.reconnects.inc()
+        if self._reader is not None:
+            self._reader.close()
+        await asyncio.sleep(backoff)
+        if not self._stopping:
+            self._start_reader(lost.resume, queue)
+        return min(backoff * 2, RECONNECT_BACKOFF_S[1])
+
+    # -- lag ----------------------------------------------------------------------------------
+
+    def lag_s(self) -> float:
+        """now - source commit time of the last committed transaction; 0 when caught up.
+
+        Caught up: the source's last event was a heartbeat (MariaDB sends one only after
+        `heartbeat-s` without anything to send) and nothing read is waiting to be written.
+        Source times have 1 s resolution (binlog event timestamps).
+        """
+        r, q = self._reader, self._queue
+        idle = q is None or q.qsize() == 0
+        if r is not None and r.caught_up and idle and not self._writing:
+            return 0.0
+        ts_ms = self._committed_ts_ms
+        if not ts_ms and r is not None and r.assembler.last_event_ts:
+            ts_ms = r.assembler.last_event_ts * 1000
+        return max(0.0, time.time() - ts_ms / 1000) if ts_ms else 0.0
+
+    async def _lag_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.lag.set(self.lag_s())

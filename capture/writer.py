@@ -13,6 +13,10 @@ anything else is answered only after recovery fenced every pump, from the pumps 
 commit found on a pump (GetCommit) -> COMMITTED with its commit_ts; none on any pump -> ROLLED_BACK
 (its group was never committed, and the fenced old epoch cannot commit it any more); a pump that
 cannot be asked -> UNKNOWN.
+
+Fencing: a pump refuses this process's writes (FAILED_PRECONDITION) once another capture with the
+same producer id bumped the epoch and fenced it. The writer then reads the producer's epoch back
+from etcd and, if it moved on, raises `Fenced`: the process stops without writing anything more.
 """
 from __future__ import annotations
 
@@ -34,6 +38,10 @@ from sluice.proto import sluice_pb2 as pb, sluice_pb2_grpc as pbg
 log = logging.getLogger(__name__)
 
 FAILPOINT = "capture-between-prewrite-and-commit"
+
+
+class Fenced(errors.FailedPrecondition):
+    """Another capture with this producer id took over (a newer epoch): this one must stop."""
 
 
 def pump_txns(group: list[SourceTxn], source_name: str) -> list[tuple[pb.PrewriteValue, pb.Position]]:
@@ -62,6 +70,7 @@ class GroupWriter:
         self.producer_id, self.cluster_id, self.source_name = producer_id, cluster_id, source_name
         self.security = security
         self.epoch = 0
+        self._channels: dict[str, grpc.aio.Channel] = {}   # TxnStatus lookups, by pump address
         self.inflight: set[int] = set()
         self.recovered = False
         self.groups = 0
@@ -105,9 +114,12 @@ class GroupWriter:
         try:
             pumps = await asyncio.to_thread(self._live_pumps)
             for _, addr in pumps:
-                async with grpcutil.aio_channel(addr, self.security) as ch:
-                    resp = await pbg.PumpStub(ch).GetCommit(
-                        pb.GetCommitReq(cluster_id=self.cluster_id, start_ts=start_ts), timeout=5)
+                ch = self._channels.get(addr)
+                if ch is None:
+                    # Kept open: after a crash a pump asks about every prewrite of the lost group.
+                    ch = self._channels[addr] = grpcutil.aio_channel(addr, self.security)
+                resp = await pbg.PumpStub(ch).GetCommit(
+                    pb.GetCommitReq(cluster_id=self.cluster_id, start_ts=start_ts), timeout=5)
                 if resp.state == pb.TXN_COMMITTED:
                     return pb.TXN_COMMITTED, resp.commit_ts
             if start_ts in self.inflight:   # became in-flight while we asked
@@ -117,12 +129,24 @@ class GroupWriter:
             log.warning("TxnStatus start_ts=%d undecided: %s", start_ts, e)
             return pb.TXN_UNKNOWN, 0
 
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            await ch.close()
+
     # -- groups -------------------------------------------------------------------------------
 
     async def write_group(self, group: list[SourceTxn]) -> None:
+        """Commit these source transactions (in source order) as one group; returns after the
+        commits were acknowledged, i.e. after the pumps recorded the group's last position."""
         items = pump_txns(group, self.source_name)
-        if not items:
-            return
+        if items:
+            await self.write_items(items)
+        self.groups += 1
+        self.txns += len(group)
+
+    async def write_items(self, items: list[tuple[pb.PrewriteValue, pb.Position]]) -> None:
+        """One group of pump transactions, in the given (source) order, to one pump."""
         n = len(items)
         first_start, _ = await self.tso.get_ts_range(n)
         now_ms = int(time.time() * 1000)
@@ -135,7 +159,11 @@ class GroupWriter:
         # (committed, or rolled back before the point of no return). On any other failure the
         # process restarts and a new epoch decides them from the pumps.
         self.inflight.update(starts)
-        ack = await self.pumps.write_prewrites(prewrites)
+        try:
+            ack = await self.pumps.write_prewrites(prewrites)
+        except errors.FailedPrecondition as e:
+            await self._raise_if_fenced(e)
+            raise
         await failpoint.ainject(FAILPOINT)
         first_commit, _ = await self.tso.get_ts_range(n)
         try:
@@ -150,7 +178,21 @@ class GroupWriter:
                              producer_id=self.producer_id, producer_epoch=self.epoch,
                              position=items[i][1], ts_ms=now_ms)
                    for i, s in enumerate(starts)]
-        await self.pumps.write_commits(commits, ack)
+        try:
+            await self.pumps.write_commits(commits, ack)
+        except errors.FailedPrecondition as e:
+            await self._raise_if_fenced(e)
+            raise
         self.inflight.difference_update(starts)
-        self.groups += 1
-        self.txns += len(group)
+
+    async def _raise_if_fenced(self, cause: errors.SluiceError) -> None:
+        try:
+            info = await asyncio.to_thread(self.registry.get, NodeKind.PRODUCER, self.producer_id)
+        except errors.SluiceError:
+            return
+        if info is not None and info.status.epoch > self.epoch:
+            raise Fenced(
+                f"capture fenced: producer {self.producer_id} is now at epoch {info.status.epoch} "
+                f"(another capture with this producer id took over; this one has epoch "
+                f"{self.epoch}); the pumps refused its write ({cause}); stopping without writing "
+                "more") from None

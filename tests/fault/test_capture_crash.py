@@ -1,0 +1,102 @@
+"""kill -9 of the capture under load, at random moments and between a group's prewrites and its
+commits: after each restart the capture resumes from the pumps' position, so in the end every
+source transaction is in the pumps exactly once.
+
+Start cluster (etcd, TSO, two pumps) and MariaDB, load the source continuously, kill and restart
+the capture again and again, then let a last capture catch up and count the source GTIDs in what
+the pumps serve (their own PullBinlogs).
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.capture import (PumpLog, SourceLoad, assert_exactly_once,
+                                                     assert_source_order, gtid_of, gtid_pos,
+                                                     gtid_range, start_capture, wait_streaming)
+from tests.support.binlogs import TS
+from tests.support.cluster import Cluster
+from tests.support.mariadb import MariaDBServer
+from tests.support.procs import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+FAILPOINT = "capture-between-prewrite-and-commit"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    c = Cluster(tmp_path_factory.mktemp("capture-crash"), etcd_module.endpoint)
+    try:
+        c.start_tso()
+        for p in ("pump-1", "pump-2"):
+            c.start_pump(p, wait_online=False)
+        for p in ("pump-1", "pump-2"):
+            c.wait_pump_writable(c.pumps[p])
+        yield c
+    finally:
+        c.stop()
+
+
+def test_capture_killed_repeatedly_commits_every_source_transaction_once(
+        cluster: Cluster, mariadb_module: MariaDBServer) -> None:
+    """A capture killed (kill -9, or exit(137) between a group's prewrites and its commits) and
+    restarted, again and again during a load, leaves every source GTID in the pumps exactly once,
+    in source order."""
+    db = mariadb_module
+    rng = random.Random(7)
+    load = SourceLoad(db, "crash", seed=31)
+    load.create()
+    before = gtid_pos(db)
+    ts = TS(cluster.tso_addrs, cluster.cluster_id)
+    pump_log = PumpLog(cluster, ts.get())
+    ts.close()
+    stop = threading.Event()
+    writer = threading.Thread(target=load.run, args=(10**6, stop, 0.001), daemon=True)
+    writer.start()
+    exits = {"kill9": 0, "failpoint": 0}
+    try:
+        for i in range(8):
+            at_failpoint = i % 2 == 1
+            env = {"SLUICE_FAILPOINTS": f"{FAILPOINT}=exit(137)@{rng.randint(2, 6)}"} if at_failpoint else None
+            cap = start_capture(cluster, db, "cap-crash", name=f"cap-crash-{i}", env=env,
+                                **{"start-position": f"gtid:{before}"})
+            if at_failpoint:
+                wait_until(lambda: not cap.alive(), 30, 0.05, what="the capture to exit at the failpoint")
+                assert cap.popen.returncode == 137, cap.log_text()[-3000:]  # type: ignore[union-attr]
+                assert f"failpoint {FAILPOINT} fired" in cap.log_text()
+                exits["failpoint"] += 1
+            else:
+                wait_streaming(cap)
+                time.sleep(rng.uniform(0.5, 2.5))   # a random moment while it writes groups
+                assert cap.alive(), cap.log_text()[-3000:]
+                cap.kill9()
+                exits["kill9"] += 1
+    finally:
+        stop.set()
+        writer.join(15)
+    after = gtid_pos(db)
+    load.close()
+    want = gtid_range(before, after)
+    assert len(want) > 300, f"only {len(want)} source transactions during the kills"
+
+    last = start_capture(cluster, db, "cap-crash", name="cap-crash-last",
+                         **{"start-position": f"gtid:{before}"})
+
+    def all_there() -> bool:
+        return set(want) <= {gtid_of(t) for t in pump_log.txns("cap-crash")}
+    pump_log.wait_for(all_there, 60, watch=(last,))
+    txns = pump_log.txns("cap-crash")
+    assert_exactly_once(txns, want)
+    assert_source_order(txns)
+    assert exits == {"kill9": 4, "failpoint": 4}
+    # The exits between prewrite and commit left prewrites behind; the restarted capture
+    # answered the pumps' TxnStatus for them (rolled back: their groups were re-read).
+    texts = "".join(cluster.pumps[p].proc.log_text() for p in cluster.pumps)
+    assert "producer cap-crash (TxnStatus)" in texts and "rolled back" in texts
+    last.stop()
+    pump_log.close()

@@ -1,0 +1,311 @@
+"""`sluice capture` as a process: MariaDB -> capture -> two pumps (-> drainer file sink), exactly once.
+
+One cluster (etcd, TSO, two pumps) and one MariaDB per module; each test has its own database,
+producer id and capture process, and reads back only what was committed after its start.
+What the pumps hold is read with their own PullBinlogs (`PumpLog`), decoded the drainer's way
+(Txn.from_binlogs + SchemaHistory) and compared with the source.
+
+The helpers (`start_capture`, `PumpLog`, `SourceLoad`, ...) live in tests/support/capture.py.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sluice.drainer.txn import SchemaHistory, Txn
+from tests.support.binlogs import TS
+from tests.support.capture import (PUMPS, assert_exactly_once, assert_file_sink_matches,
+                                   assert_same_rows, assert_source_order, capture_metrics,
+                                   final_tables, gtid_key, gtid_of, gtid_pos, gtid_range,
+                                   kill_binlog_dumps, PumpLog, source_table, SourceLoad,
+                                   start_capture, wait_streaming)
+from tests.support.cluster import Cluster
+from tests.support.mariadb import MariaDBServer
+from tests.support.procs import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    c = Cluster(tmp_path_factory.mktemp("capture"), etcd_module.endpoint)
+    try:
+        c.start_tso()
+        for p in PUMPS:
+            c.start_pump(p, wait_online=False)
+        for p in PUMPS:
+            c.wait_pump_writable(c.pumps[p])
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def pump_log(cluster: Cluster) -> Iterator[PumpLog]:
+    ts = TS(cluster.tso_addrs, cluster.cluster_id)
+    log = PumpLog(cluster, ts.get())
+    ts.close()
+    yield log
+    log.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# tests
+# ------------------------------------------------------------------------------------------------
+
+def test_start_at_a_timestamp_captures_what_was_committed_from_then_on(
+        cluster: Cluster, mariadb_module: MariaDBServer, pump_log: PumpLog) -> None:
+    """`start-position = timestamp:T` captures exactly the source transactions committed at or
+    after T (first in the module: it reads the source's binlog from its oldest file)."""
+    db = mariadb_module
+    load = SourceLoad(db, "since", seed=51)
+    load.create()
+    load.run(40)
+    load.ddl("ALTER TABLE since.acct ADD COLUMN email VARCHAR(64) NULL")   # skipped, yet shapes
+    load.extra_acct_column = True
+    load.run(20)
+    # Binlog timestamps have 1 s resolution: T is a whole second, nothing is committed in
+    # [T - 1, T) after the first batch.
+    t = int(time.time()) + 1
+    time.sleep(t - time.time() + 0.05)
+    before = gtid_pos(db)
+    load.run(40)
+    want = gtid_range(before, gtid_pos(db))
+    load.close()
+    cap = start_capture(cluster, db, "cap-since", **{"start-position": f"timestamp:{t}"})
+
+    def data(txns: list[Txn]) -> list[str]:
+        return [gtid_of(t) for t in txns if t.prewrite.mutations or t.is_ddl]
+    pump_log.wait_for(lambda: set(want) <= set(data(pump_log.txns("cap-since"))), 60, watch=(cap,))
+    txns = pump_log.txns("cap-since")
+    assert sorted(data(txns), key=gtid_key) == want
+    assert_source_order(txns)
+    # Rows written after T, behind a DDL that was skipped, decode with the shape declared
+    # downstream (the source's current rows, for the keys written after T).
+    got = final_tables(txns)[("since", "acct")]
+    acct = source_table(db, "since", "acct")
+    assert got and set(got) <= set(acct)
+    assert all(got[k] == acct[k] for k in got)
+    cap.stop()
+
+
+def test_pipeline_exactly_once_in_source_order_with_ddl(cluster: Cluster, mariadb_module: MariaDBServer,
+                                                        pump_log: PumpLog) -> None:
+    """Every source transaction is committed to the pumps exactly once, in source order, and its
+    rows decode (with the DDL in between) to the source's final table contents."""
+    db = mariadb_module
+    load = SourceLoad(db, "pipe", seed=11)
+    load.create()
+    db.execute("CREATE TABLE pipe.quiet (id INT PRIMARY KEY, doc JSON, code VARCHAR(8) UNIQUE)")
+    before = gtid_pos(db)
+    drainer = cluster.start_drainer("drainer-pipe", sink="file", **{"initial-commit-ts": pump_log.after["pump-1"]})
+    cap = start_capture(cluster, db, "cap-pipe")
+    wait_streaming(cap)
+    load.run(1000)
+    # The replication connection is lost mid-stream: the capture reconnects from the GTID after
+    # the last transaction it read, without a restart and without re-reading anything.
+    assert kill_binlog_dumps(db) >= 1   # (a just-stopped capture's may linger a moment)
+    load.run(500)
+    wait_streaming(cap, nth=2)
+    # DDL mid-stream, under the capture's feet.
+    load.ddl("ALTER TABLE pipe.acct ADD COLUMN email VARCHAR(64) NULL")
+    load.extra_acct_column = True
+    load.ddl("RENAME TABLE pipe.item TO pipe.item2")
+    load.names["item"] = "item2"
+    load.ddl("CREATE TABLE pipe.tmp (id INT PRIMARY KEY, v INT)")
+    load.ddl("INSERT INTO pipe.tmp VALUES (1, 1), (2, 2)")
+    load.ddl("TRUNCATE TABLE pipe.log")
+    load.ddl("DROP TABLE pipe.tmp")
+    load.run(1500)
+    after = gtid_pos(db)
+    load.close()
+    want = gtid_range(before, after)
+    assert len(want) > 3000
+
+    def all_there() -> bool:
+        return set(want) <= {gtid_of(t) for t in pump_log.txns("cap-pipe")}
+    pump_log.wait_for(all_there, 90, watch=(cap,))
+    txns = pump_log.txns("cap-pipe")
+    assert_exactly_once(txns, want)
+    assert_source_order(txns)
+    assert {t.pump_id for t in txns} == set(PUMPS), "groups should spread over both pumps"
+    text = cap.log_text()
+    for state in ("connected", "streaming", "reconnecting"):
+        assert f"capture {state}" in text
+    assert text.count("capture reconnecting") == 1 and "capture failed" not in text
+    # Caught up (the source sends heartbeats, nothing waits): the source lag reads 0.
+    wait_until(lambda: capture_metrics(cap)["sluice_capture_source_lag_seconds"] == 0.0, 10,
+               0.2, what="the capture's source lag to reach 0")
+    assert capture_metrics(cap)["sluice_capture_reconnects_total"] == 1
+
+    # The first-start schema snapshot declares every captured table, written or not.
+    first = txns[0]
+    assert not gtid_of(first) and not first.prewrite.mutations
+    declared = {(i.schema_name, i.table_name): i for i in first.prewrite.schema_snapshots}
+    assert {("pipe", n) for n in ("acct", "item", "log", "quiet")} <= set(declared)
+    quiet = declared[("pipe", "quiet")]
+    assert [c.name for c in quiet.columns] == ["id", "doc", "code"]
+    assert quiet.columns[1].data_type == "json"
+    assert any(i.unique and list(i.columns) == ["code"] for i in quiet.indexes)
+
+    state = final_tables(txns)
+    for table in ("acct", "item2", "log"):
+        assert_same_rows(source_table(db, "pipe", table), state.get(("pipe", table), {}), table)
+    assert ("pipe", "item") not in state and ("pipe", "tmp") not in state
+
+    assert_file_sink_matches(drainer.out_dir, txns)
+    cap.stop()
+    drainer.proc.stop()
+
+
+def test_slow_reader_gets_the_whole_binlog_before_the_source_closes(mariadb_module: MariaDBServer) -> None:
+    """A non-blocking read gets every transaction even when the source finishes sending and
+    closes the connection long before the reader has read it all (no reset drops the tail)."""
+    from sluice.capture.reader import BinlogReader
+    from sluice.capture.schema import SchemaTracker, TableFilter
+    db = mariadb_module
+    db.execute("CREATE DATABASE slow")
+    db.execute("CREATE TABLE slow.big (id INT PRIMARY KEY, doc TEXT)")
+    before = gtid_pos(db)
+    conn = db.connect("slow")
+    try:
+        with conn.cursor() as cur:
+            # ~1.2 MB of binlog: more than the reader's socket receive window.
+            for i in range(300):
+                cur.execute("INSERT INTO big VALUES (%s, REPEAT('x', 4000))", (i,))
+    finally:
+        conn.close()
+    want = gtid_range(before, gtid_pos(db))
+    reader = BinlogReader({"host": "127.0.0.1", "port": db.port, "user": db.user,
+                           "password": db.password}, replica_server_id=4343,
+                          tracker=SchemaTracker("slow", TableFilter()), gtid_state=before,
+                          blocking=False)
+    got = []
+    try:
+        for txn in reader.transactions():
+            if not got:
+                time.sleep(1.0)   # the server sends the rest and ends the dump meanwhile
+            got.append(txn.gtid)
+    finally:
+        reader.close()
+    assert got == want
+
+
+def test_a_stream_the_source_refuses_fails_with_the_source_s_message(mariadb_module: MariaDBServer) -> None:
+    """A binlog stream the source refuses (a GTID it does not hold) fails with the server's own
+    error, not as a lost connection to retry."""
+    from sluice.capture.reader import BinlogReader, SourceRefused
+    from sluice.capture.schema import SchemaTracker, TableFilter
+    db = mariadb_module
+    reader = BinlogReader({"host": "127.0.0.1", "port": db.port, "user": db.user,
+                           "password": db.password}, replica_server_id=4344,
+                          tracker=SchemaTracker("x", TableFilter()), gtid_state="0-1-999999999")
+    try:
+        with pytest.raises(SourceRefused, match="1236.*0-1-999999999.*not in the master's binlog"):
+            for _ in reader.transactions():
+                pass
+    finally:
+        reader.close()
+
+
+def test_fenced_capture_is_refused_and_exits(cluster: Cluster, mariadb_module: MariaDBServer,
+                                             pump_log: PumpLog) -> None:
+    """A capture fenced by a newer one with the same producer id has its writes refused
+    (FAILED_PRECONDITION) and exits with an error naming the takeover; nothing is duplicated."""
+    db = mariadb_module
+    load = SourceLoad(db, "fence", seed=12)
+    load.create()
+    before = gtid_pos(db)
+    # The old capture parks between a group's prewrites and its commits (the 3rd group).
+    old = start_capture(cluster, db, "cap-fence", name="cap-fence-old", env={
+        "SLUICE_FAILPOINTS": "capture-between-prewrite-and-commit=1*sleep(4000)@3"})
+    wait_streaming(old)
+    stop = threading.Event()
+    writer = threading.Thread(target=load.run, args=(100000, stop, 0.002), daemon=True)
+    writer.start()
+    try:
+        wait_until(lambda: "failpoint capture-between-prewrite-and-commit fired" in old.log_text(),
+                   30, what="the old capture to park between prewrite and commit")
+        old.signal(signal.SIGSTOP)
+        new = start_capture(cluster, db, "cap-fence", name="cap-fence-new")
+        wait_streaming(new)
+        old.signal(signal.SIGCONT)
+        wait_until(lambda: not old.alive(), 30, what="the fenced capture to exit")
+    finally:
+        stop.set()
+        writer.join(10)
+    assert old.popen.returncode == 1, old.log_text()[-3000:]  # type: ignore[union-attr]
+    text = old.log_text()
+    assert "capture fenced" in text and "epoch" in text, text[-3000:]
+    assert "FailedPrecondition" in text or "FAILED_PRECONDITION" in text or "recorded epoch" in text, text[-3000:]
+    after = gtid_pos(db)
+    load.close()
+    want = gtid_range(before, after)
+
+    def all_there() -> bool:
+        return set(want) <= {gtid_of(t) for t in pump_log.txns("cap-fence")}
+    pump_log.wait_for(all_there, 60, watch=(new,))
+    txns = pump_log.txns("cap-fence")
+    assert_exactly_once(txns, want)
+    assert_source_order(txns)
+    new.stop()
+
+
+def test_two_sources_merge_into_one_pump_cluster(cluster: Cluster, mariadb_module: MariaDBServer,
+                                                 pump_log: PumpLog, tmp_path: Path) -> None:
+    """Two sources (different server ids and GTID domains) captured into one pump cluster are
+    both fully present, each in its own source order, merged in commit order by the drainer
+    (one of them started at `earliest` after its first binlogs were purged)."""
+    other = MariaDBServer(tmp_path / "db2", server_id=2, extra_args=["--gtid-domain-id=2"]).start()
+    try:
+        loads = [SourceLoad(mariadb_module, "two_a", seed=21), SourceLoad(other, "two_b", seed=22)]
+        for load in loads:
+            load.create()
+        # The second source starts at `earliest` on binlogs whose first files were purged: from
+        # the oldest binlog's GTID list (an empty start state is refused by MariaDB then).
+        other.execute("FLUSH BINARY LOGS")
+        newest = other.execute("SHOW BINARY LOGS")[-1][0]
+        other.execute(f"PURGE BINARY LOGS TO '{newest}'")
+        befores = [gtid_pos(mariadb_module), gtid_pos(other)]
+        drainer = cluster.start_drainer("drainer-two", sink="file",
+                                        **{"initial-commit-ts": pump_log.after["pump-1"]})
+        caps = [start_capture(cluster, mariadb_module, "cap-two-a"),
+                start_capture(cluster, other, "cap-two-b", **{"start-position": "earliest"})]
+        for cap in caps:
+            wait_streaming(cap)
+        threads = [threading.Thread(target=load.run, args=(400,)) for load in loads]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        afters = [gtid_pos(mariadb_module), gtid_pos(other)]
+        for load in loads:
+            load.close()
+        wants = [gtid_range(b, a) for b, a in zip(befores, afters)]
+        assert {gtid_key(g)[0] for g in wants[0]} == {0} and {gtid_key(g)[0] for g in wants[1]} == {2}
+
+        def all_there() -> bool:
+            return all(set(w) <= {gtid_of(t) for t in pump_log.txns(p)}
+                       for w, p in zip(wants, ("cap-two-a", "cap-two-b")))
+        pump_log.wait_for(all_there, 60, watch=tuple(caps))
+        for want, producer in zip(wants, ("cap-two-a", "cap-two-b")):
+            txns = pump_log.txns(producer)
+            assert_exactly_once(txns, want)
+            assert_source_order(txns)
+            assert {t.prewrite.source.server_id for t in txns if gtid_of(t)} == {gtid_key(want[0])[1]}
+        merged = [t for t in pump_log.txns() if t.producer_id in ("cap-two-a", "cap-two-b")]
+        producers = [t.producer_id for t in merged if gtid_of(t)]
+        switches = sum(1 for a, b in zip(producers, producers[1:]) if a != b)
+        assert switches > 2, "the two sources' transactions should interleave in commit order"
+        assert_file_sink_matches(drainer.out_dir, merged)
+        for cap in caps:
+            cap.stop()
+        drainer.proc.stop()
+    finally:
+        other.stop()
