@@ -35,7 +35,9 @@ from .leader import Leadership
 
 log = logging.getLogger(__name__)
 
-STARTUP_ETCD_WAIT_S = 3.0
+# etcd started alongside us (a local cluster, compose) may take seconds to answer on a loaded
+# machine: 3 s proved too short in CI; a wrong endpoint still fails within this bound, exit 2.
+STARTUP_ETCD_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
