@@ -51,6 +51,11 @@ class CaptureConfig:
     # unless it names a zone). Used at the first start only: afterwards the pumps' position.
     start_position: str = "latest"
     signal_table: str = ""           # "db.table": never captured as data
+    # Snapshots (docs/snapshots.md): initial | initial_only | no_data | when_needed. no_data for
+    # now, so a capture streams as before unless a snapshot is configured.
+    snapshot_mode: str = "no_data"
+    snapshot_chunk_size: int = 8192
+    snapshot_parallelism: int = 1
     mark_table: str = ""             # "db.table" the MySQL sink writes to mark its own writes
     group_max_txns: int = 256
     group_max_bytes: int = 4 << 20
@@ -90,6 +95,13 @@ class CaptureConfig:
             v = getattr(self, key)
             if v and v.count(".") != 1:
                 raise ConfigError(f"{where}: key '{key.replace('_', '-')}' is {v!r}: want db.table")
-        for key in ("group_max_txns", "group_max_bytes"):
+        from sluice.capture.snapshot.modes import SnapshotMode, parse_mode
+        mode = parse_mode(self.snapshot_mode, f"{where}: key 'snapshot-mode'")
+        if mode is not SnapshotMode.NO_DATA and not self.signal_table:
+            raise ConfigError(f"{where}: key 'snapshot-mode' is {self.snapshot_mode!r}, which "
+                              "needs a signal table for its watermarks: set 'signal-table' "
+                              "(db.table) and create it (docs/snapshots.md)")
+        for key in ("group_max_txns", "group_max_bytes", "snapshot_chunk_size",
+                    "snapshot_parallelism"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}: key '{key.replace('_', '-')}' must be >= 1")

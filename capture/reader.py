@@ -137,6 +137,9 @@ class SourceTxn:
     schema_snapshots: tuple[pb.TableInfo, ...]
     ddls: tuple[pb.DDL, ...]
     size: int                        # bytes of row events (grouping budget)
+    # Set on a snapshot chunk (op=r rows emitted after a high watermark, not a source
+    # transaction): the progress the pump records with it.
+    snapshot: pb.SnapshotProgress | None = None
 
     @property
     def empty(self) -> bool:
@@ -148,7 +151,7 @@ class SourceTxn:
                             file=self.file, pos=self.offset, ts_ms=self.ts_ms)
         if len(self.ddls) <= 1:
             v = pb.PrewriteValue(mutations=self.mutations, schema_snapshots=self.schema_snapshots,
-                                 source=src)
+                                 source=src, snapshot_chunk=self.snapshot is not None)
             if self.ddls:
                 v.ddl.CopyFrom(self.ddls[0])
             return [v]

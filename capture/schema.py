@@ -43,16 +43,19 @@ def version_of(file_seq: int, offset: int) -> int:
 
 class TableFilter:
     """Which tables are captured: include/exclude regexes (full match) on db and on "db.table";
-    the signal table and the loop-control mark table are never captured."""
+    the loop-control mark table is never captured; the signal table always is (`always`), and
+    the capture strips it from what it writes."""
 
     def __init__(self, include_databases: Iterable[str] = (), exclude_databases: Iterable[str] = (),
                  include_tables: Iterable[str] = (), exclude_tables: Iterable[str] = (),
-                 ignored: Iterable[str] = ()) -> None:
+                 ignored: Iterable[str] = (), always: Iterable[str] = ()) -> None:
         def comp(xs: Iterable[str]) -> list[re.Pattern[str]]:
             return [re.compile(x) for x in xs]
         self._inc_db, self._exc_db = comp(include_databases), comp(exclude_databases)
         self._inc_t, self._exc_t = comp(include_tables), comp(exclude_tables)
         self._ignored = {x for x in ignored if x}
+        # Decoded whatever the filters say (the signal table: its rows are read, then stripped).
+        self._always = {x for x in always if x}
         self._cache: dict[tuple[str, str], bool] = {}
 
     def captures(self, db: str, table: str) -> bool:
@@ -71,6 +74,8 @@ class TableFilter:
 
     def _decide(self, db: str, table: str) -> bool:
         full = f"{db}.{table}"
+        if full in self._always:
+            return True
         if full in self._ignored or not self.captures_db(db):
             return False
         if self._inc_t and not any(p.fullmatch(full) for p in self._inc_t):

@@ -42,6 +42,9 @@ from sluice.capture.metrics import CaptureMetrics
 from sluice.capture.reader import (BinlogReader, SourceDisconnected, SourceTxn, file_seq_of,
                                    gtid_state_text, parse_gtid_state)
 from sluice.capture.schema import SchemaTracker, TableFilter, version_of
+from sluice.capture.snapshot.modes import StartState, decide, parse_mode
+from sluice.capture.snapshot.progress import SnapshotState, decode, encode
+from sluice.capture.snapshotter import Snapshotter, new_state
 from sluice.capture.writer import GroupWriter
 from sluice.client.pumps import PumpsClient
 from sluice.client.producer import ProducerServer
@@ -203,6 +206,8 @@ class Capture:
         self._queue: asyncio.Queue[object] | None = None
         self._writing = False
         self._committed_ts_ms = 0       # source time of the last committed transaction
+        self.snapshotter: Snapshotter | None = None
+        self._stop_after_snapshot = False
 
     async def run(self) -> int:
         c = self.config
@@ -230,7 +235,27 @@ class Capture:
                 start = facts.gtid_binlog_pos
             else:
                 start = c.start_position[5:]
-            await self._declare_tables(pos, start, facts)
+            prog = self.writer.snapshot
+            plan = decide(parse_mode(c.snapshot_mode), StartState(
+                has_position=not first_start, snapshot_started=prog is not None,
+                snapshot_finished=prog is not None and prog.finished))
+            last, state = await self._declare_tables(pos, start, facts,
+                                                     new_snapshot=plan.snapshot == "new")
+            if plan.snapshot == "resume":
+                assert prog is not None
+                state = decode(prog)
+            if state is not None or c.signal_table:
+                # Chunks are stamped after the last position written (a chunk's own position
+                # continues its numbering).
+                self.snapshotter = Snapshotter(c.signal_table, self.tracker, last, state)
+            if plan.snapshot != "none":
+                log.info("snapshot %s: %s", plan.snapshot, plan.reason,
+                         extra={"fields": {"tables": list(state.tables) if state else []}})
+            if not plan.stream and (state is None or state.finished):
+                log.info("snapshot-mode %s: %s", c.snapshot_mode, plan.reason)
+                self.metrics.set_state("stopped")
+                return 0
+            self._stop_after_snapshot = not plan.stream
             self.metrics.set_state("connected", source=c.source.address(), epoch=epoch,
                                    position=format_position(pos), after=start or "(first binlog)")
             await self._stream(start)
@@ -261,25 +286,34 @@ class Capture:
         f = c.filter
         return SchemaTracker(c.source.resolved_name(), TableFilter(
             f.include_databases, f.exclude_databases, f.include_tables, f.exclude_tables,
-            ignored=[c.signal_table, c.mark_table]))
+            ignored=[c.mark_table], always=[c.signal_table]))
 
     # -- schema at start ----------------------------------------------------------------------
 
-    async def _declare_tables(self, pos: pb.Position, start: str, facts: checks.SourceFacts) -> None:
+    async def _declare_tables(self, pos: pb.Position, start: str, facts: checks.SourceFacts,
+                              new_snapshot: bool = False
+                              ) -> tuple[pb.Position, SnapshotState | None]:
         """Seed DDL models from SHOW CREATE TABLE; write the schema-snapshot transaction of the
-        captured tables not declared yet (all of them at the first start)."""
+        captured tables not declared yet (all of them at the first start).
+
+        With `new_snapshot`, that transaction is written in any case and records the new
+        snapshot's progress, so a crash before its first chunk still resumes it. Returns the
+        last position written and the new snapshot's state (None without one)."""
         c = self.config
         defs = await asyncio.to_thread(read_table_definitions, c.source.connection(),
                                        self.tracker.filter)
         for db, table, sql in defs:
             self.tracker.seed(db, table, sql)
         captured = sorted(f"{db}.{table}" for db, table, _ in defs
-                          if self.tracker.filter.captures(db, table))
+                          if self.tracker.filter.captures(db, table)
+                          and f"{db}.{table}" != c.signal_table)
         key = f"capture-tables/{c.producer_id}"
         first_start = is_empty(pos)
         declared = None if first_start else await asyncio.to_thread(self.registry.get_json, key)
         todo = [x for x in captured if declared is None or x not in declared]
-        if first_start or todo:
+        state = new_state(captured) if new_snapshot else None
+        last = pos
+        if first_start or todo or state is not None:
             if first_start:
                 oldest = "" if parse_gtid_state(start) else await asyncio.to_thread(
                     _oldest_binlog, c.source.connection())
@@ -295,12 +329,14 @@ class Capture:
             value = pb.PrewriteValue(schema_snapshots=infos, source=pb.SourceInfo(
                 name=c.source.resolved_name(), server_id=facts.server_id,
                 ts_ms=int(time.time() * 1000)))
-            await self.writer.write_items([(value, at)])
+            await self.writer.write_items([(value, at, encode(state) if state else None)])
+            last = at
             log.info("declared %d table(s) in a schema-snapshot transaction at %s",
                      len(infos), format_position(at),
                      extra={"fields": {"first_start": first_start}})
         if declared is None or set(captured) != set(declared):
             await asyncio.to_thread(self.registry.put_json, key, captured)
+        return last, state
 
     # -- streaming ----------------------------------------------------------------------------
 
@@ -320,15 +356,24 @@ class Capture:
             asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
 
         skip_before_ms = c.start_timestamp_ms()
+        snap = self.snapshotter
 
         def reader_thread() -> None:
             try:
                 for txn in reader.transactions():
                     if self._stop.is_set():
                         return
+                    chunks: list[SourceTxn] = []
+                    if snap is not None:
+                        txn, chunks = snap.split(txn)
                     if skip_before_ms is not None and txn.ts_ms < skip_before_ms:
                         txn = self._skipped(txn)
                     put(txn)
+                    for chunk in chunks:
+                        put(chunk)
+                    if chunks and self._stop_after_snapshot and snap.finished:
+                        put(_STOP)     # initial_only: the last chunk is queued
+                        return
                 put(_END)
             except SourceDisconnected as e:
                 if not self._stop.is_set():
@@ -338,6 +383,24 @@ class Capture:
                     put(e)
 
         threading.Thread(target=reader_thread, name="binlog-reader", daemon=True).start()
+
+    def _start_snapshot(self, queue: asyncio.Queue[object]) -> None:
+        """The snapshot worker in its own thread; its failure fails the capture (a restart
+        resumes at the next chunk)."""
+        c = self.config
+        loop = asyncio.get_running_loop()
+        snap = self.snapshotter
+        assert snap is not None
+
+        def snapshot_thread() -> None:
+            try:
+                snap.run(c.source.connection(), c.snapshot_chunk_size, c.snapshot_parallelism,
+                         self._stop)
+            except BaseException as e:  # noqa: BLE001 - handed to the loop, which raises it
+                if not self._stop.is_set():
+                    asyncio.run_coroutine_threadsafe(queue.put(e), loop)
+
+        threading.Thread(target=snapshot_thread, name="snapshot", daemon=True).start()
 
     def _skipped(self, txn: SourceTxn) -> SourceTxn:
         """A transaction committed before `start-position = timestamp:T`, made empty: it only
@@ -356,6 +419,8 @@ class Capture:
         queue: asyncio.Queue[object] = asyncio.Queue(_QUEUE)
         self._queue = queue
         self._start_reader(start, queue)
+        if self.snapshotter is not None and self.snapshotter.active:
+            self._start_snapshot(queue)
         wait_s = c.group_max_wait_ms / 1000
         backoff = RECONNECT_BACKOFF_S[0]
         m = self.metrics

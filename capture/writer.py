@@ -44,11 +44,15 @@ class Fenced(errors.FailedPrecondition):
     """Another capture with this producer id took over (a newer epoch): this one must stop."""
 
 
-def pump_txns(group: list[SourceTxn], source_name: str) -> list[tuple[pb.PrewriteValue, pb.Position]]:
-    """(value, position) per pump transaction. Empty source transactions are dropped, except the
-    group's last one, which still carries the position forward (so a restart does not re-read a
-    long run of filtered transactions)."""
-    out: list[tuple[pb.PrewriteValue, pb.Position]] = []
+PumpItem = tuple[pb.PrewriteValue, pb.Position, "pb.SnapshotProgress | None"]
+"""One pump transaction: its value, source position and the snapshot progress it records."""
+
+
+def pump_txns(group: list[SourceTxn], source_name: str) -> list[PumpItem]:
+    """(value, position, snapshot progress) per pump transaction. Empty source transactions are
+    dropped, except the group's last one, which still carries the position forward (so a restart
+    does not re-read a long run of filtered transactions)."""
+    out: list[PumpItem] = []
     for i, st in enumerate(group):
         if st.empty and i != len(group) - 1:
             continue
@@ -57,10 +61,16 @@ def pump_txns(group: list[SourceTxn], source_name: str) -> list[tuple[pb.Prewrit
             pos = pb.Position()
             pos.CopyFrom(st.position)
             # A statement acting on several tables (DROP TABLE a, b) is several pump transactions
-            # at one source position, ordered by sub_seq.
-            pos.sub_seq = j
-            out.append((v, pos))
+            # at one source position, ordered by sub_seq; a snapshot chunk's position already
+            # carries its own sub_seq (2^32 + n), which is kept.
+            pos.sub_seq = st.position.sub_seq + j
+            out.append((v, pos, st.snapshot))
     return out
+
+
+def _progress_key(p: pb.SnapshotProgress) -> tuple[bool, int, int]:
+    table = list(p.tables).index(p.current_table) if p.current_table in p.tables else -1
+    return p.finished, table, p.chunks_done
 
 
 class GroupWriter:
@@ -73,6 +83,7 @@ class GroupWriter:
         self._channels: dict[str, grpc.aio.Channel] = {}   # TxnStatus lookups, by pump address
         self.inflight: set[int] = set()
         self.recovered = False
+        self.snapshot: pb.SnapshotProgress | None = None   # recovered snapshot progress
         self.groups = 0
         self.txns = 0
 
@@ -89,6 +100,7 @@ class GroupWriter:
         if not pumps:
             raise errors.NoPumpAvailable("no pump is registered: start a pump before the capture")
         positions = []
+        progress: list[pb.SnapshotProgress] = []
         for node_id, addr in pumps:
             async with grpcutil.aio_channel(addr, self.security) as ch:
                 try:
@@ -102,7 +114,12 @@ class GroupWriter:
                         "until every non-offline pump answers") from None
             if resp.has_position:
                 positions.append(resp.position)
+            if resp.HasField("snapshot"):
+                progress.append(resp.snapshot)
         pos = max_position(positions)
+        # Each pump keeps the progress of the last chunk it committed; the committed set is a
+        # prefix of the source order, so the furthest progress is the latest one.
+        self.snapshot = max(progress, key=_progress_key) if progress else None
         self.recovered = True
         log.info("recovered position %s from %d pump(s) at epoch %d", format_position(pos),
                  len(pumps), epoch)
@@ -145,15 +162,18 @@ class GroupWriter:
         self.groups += 1
         self.txns += len(group)
 
-    async def write_items(self, items: list[tuple[pb.PrewriteValue, pb.Position]]) -> None:
-        """One group of pump transactions, in the given (source) order, to one pump."""
+    async def write_items(self, items: list[PumpItem]) -> None:
+        """One group of pump transactions, in the given (source) order, to one pump. Snapshot
+        progress goes on the COMMIT (the binlog the pump records producer positions from) and,
+        for readers of prewrites, on the PREWRITE too."""
         n = len(items)
         first_start, _ = await self.tso.get_ts_range(n)
         now_ms = int(time.time() * 1000)
         prewrites = [pb.Binlog(tp=pb.PREWRITE, start_ts=first_start + i,
                                prewrite_value=v.SerializeToString(), producer_id=self.producer_id,
-                               producer_epoch=self.epoch, position=pos, ts_ms=now_ms)
-                     for i, (v, pos) in enumerate(items)]
+                               producer_epoch=self.epoch, position=pos, snapshot=snap,
+                               ts_ms=now_ms)
+                     for i, (v, pos, snap) in enumerate(items)]
         starts = [b.start_ts for b in prewrites]
         # In-flight start_ts stay UNKNOWN to TxnStatus unless this group provably ended here
         # (committed, or rolled back before the point of no return). On any other failure the
@@ -176,7 +196,7 @@ class GroupWriter:
             raise
         commits = [pb.Binlog(tp=pb.COMMIT, start_ts=s, commit_ts=first_commit + i,
                              producer_id=self.producer_id, producer_epoch=self.epoch,
-                             position=items[i][1], ts_ms=now_ms)
+                             position=items[i][1], snapshot=items[i][2], ts_ms=now_ms)
                    for i, s in enumerate(starts)]
         try:
             await self.pumps.write_commits(commits, ack)
