@@ -13,7 +13,7 @@ from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, Registry
 from sluice.drainer.checkpoint import read_checkpoint
 from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, check_exactly_once, fresh_ts,
-                                   load_in_background, read_file_sink, table_info)
+                                   load_in_background, read_file_sink, running_cluster, table_info)
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,14 +23,8 @@ PUMPS = ["pump-1", "pump-2"]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path_factory.mktemp("drainer-crash"), etcd_module.endpoint)
-    try:
-        c.start_tso()
-        for p in PUMPS:
-            c.start_pump(p)
+    with running_cluster(tmp_path_factory.mktemp("drainer-crash"), etcd_module.endpoint, PUMPS, wait_writable=False) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from tests.support.capture import (PUMPS, assert_exactly_once, assert_file_sink_
                                    final_tables, gtid_key, gtid_of, gtid_pos, gtid_range,
                                    kill_binlog_dumps, PumpLog, source_table, SourceLoad,
                                    start_capture, wait_streaming)
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.mariadb import MariaDBServer
 from tests.support.procs import wait_until
 
@@ -34,16 +34,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path_factory.mktemp("capture"), etcd_module.endpoint)
-    try:
-        c.start_tso()
-        for p in PUMPS:
-            c.start_pump(p, wait_online=False)
-        for p in PUMPS:
-            c.wait_pump_writable(c.pumps[p])
+    with running_cluster(tmp_path_factory.mktemp("capture"), etcd_module.endpoint, PUMPS) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from sluice.proto import sluice_pb2 as pb
 from tests.support.binlogs import TS
 from tests.support.capture import (PUMPS, PumpLog, assert_same_rows, final_tables, source_table,
                                    start_capture)
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, running_cluster
 from tests.support.mariadb import MariaDBServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,16 +29,8 @@ ROWS = 3000
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path_factory.mktemp("capture-snapshot"), etcd_module.endpoint)
-    try:
-        c.start_tso()
-        for p in PUMPS:
-            c.start_pump(p, wait_online=False)
-        for p in PUMPS:
-            c.wait_pump_writable(c.pumps[p])
+    with running_cluster(tmp_path_factory.mktemp("capture-snapshot"), etcd_module.endpoint, PUMPS) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def _writer(db: MariaDBServer, stop: threading.Event, seed: int) -> None:

@@ -19,7 +19,7 @@ from sluice.drainer.checkpoint import read_checkpoint
 from sluice.proto import sluice_pb2 as pb
 from tests.support.binlogs import commit, prewrite
 from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, check_exactly_once, fresh_ts,
-                                   read_file_sink, table_info)
+                                   read_file_sink, running_cluster, table_info)
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,16 +29,8 @@ PUMPS = ["pump-1", "pump-2", "pump-3"]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path_factory.mktemp("drainer"), etcd_module.endpoint)
-    try:
-        c.start_tso()
-        for p in PUMPS:
-            c.start_pump(p, wait_online=False)
-        for p in PUMPS:
-            c.wait_pump_writable(c.pumps[p])
+    with running_cluster(tmp_path_factory.mktemp("drainer"), etcd_module.endpoint, PUMPS) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

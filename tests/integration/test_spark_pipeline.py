@@ -22,7 +22,8 @@ from sluice.core.etcd import Etcd
 from sluice.core.registry import Registry
 from sluice.drainer.checkpoint import read_checkpoint
 from sluice.spark_sink.metastore import DerbyServer
-from tests.support.cluster import CLUSTER_ID, Cluster, TxnWriter, fresh_ts, table_info
+from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, fresh_ts, running_cluster,
+                                   table_info)
 from tests.support.procs import PYTHON, REPO, free_port, sluice_argv, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
@@ -42,16 +43,8 @@ def derby(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DerbyServer]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
-    c = Cluster(tmp_path_factory.mktemp("spark-pipeline"), etcd_module.endpoint)
-    try:
-        c.start_tso()
-        for p in PUMPS:
-            c.start_pump(p, wait_online=False)
-        for p in PUMPS:
-            c.wait_pump_writable(c.pumps[p])
+    with running_cluster(tmp_path_factory.mktemp("spark-pipeline"), etcd_module.endpoint, PUMPS) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def spark_sql(derby: DerbyServer, cwd: Path, *sql: str) -> list[dict]:

@@ -11,6 +11,7 @@ import json
 import random
 import signal
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -414,3 +415,21 @@ def load_in_background(w: TxnWriter, n: int, pumps: list[str], group: int = 100)
     t.errors = errors  # type: ignore[attr-defined]
     t.start()
     return t
+
+
+@contextlib.contextmanager
+def running_cluster(workdir: Path, etcd_endpoint: str, pumps: list[str],
+                    wait_writable: bool = True) -> Iterator[Cluster]:
+    """A TSO and these pumps (started together, then each waited on until writable); always
+    stopped at the end. The usual body of a module-scoped `cluster` fixture."""
+    c = Cluster(workdir, etcd_endpoint)
+    try:
+        c.start_tso()
+        for p in pumps:
+            c.start_pump(p, wait_online=not wait_writable)
+        if wait_writable:
+            for p in pumps:
+                c.wait_pump_writable(c.pumps[p])
+        yield c
+    finally:
+        c.stop()
