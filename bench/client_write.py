@@ -36,6 +36,7 @@ from tests.support.procs import EtcdServer  # noqa: E402
 
 VALUE = os.urandom(1024)
 QUIET = {"heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0}
+LAST_CPU_US: list[float] = []   # bench-process CPU per transaction of each drive() call
 
 async def drive(tso: TSOClient, txn: Callable[[TSOClient], Awaitable[None]], producers: int,
                 seconds: float) -> float:
@@ -48,7 +49,10 @@ async def drive(tso: TSOClient, txn: Callable[[TSOClient], Awaitable[None]], pro
             await txn(tso)
             count += 1
     t0 = time.monotonic()
+    c0 = time.process_time()
     await asyncio.gather(*(producer() for _ in range(producers)))
+    # CPU of this process (every thread) while transactions flow, without start-up and close.
+    LAST_CPU_US.append((time.process_time() - c0) / max(count, 1) * 1e6)
     return count / (time.monotonic() - t0)
 
 
@@ -145,13 +149,15 @@ def main() -> int:
                     rate = await direct(p1.addr, cluster.tso_addrs, args.producers, args.seconds)
                 base_rates.append(rate)
                 breakdown.append((f"direct WriteBatcher, 1 pump, round {r + 1}", rate, m))
-                print(f"  direct batched writes, 1 pump:  {rate:,.0f} txn/s", flush=True)
+                print(f"  direct batched writes, 1 pump:  {rate:,.0f} txn/s, "
+                      f"{LAST_CPU_US[-1]:.0f} us CPU/txn in this process", flush=True)
                 with CpuMeter(procs) as m:
                     rate = await through_client(etcd.endpoint, cluster.tso_addrs, args.producers,
                                                 args.seconds, 1)
                 one_rates.append(rate)
                 breakdown.append((f"PumpsClient, 1 pump, round {r + 1}", rate, m))
-                print(f"  PumpsClient, 1 pump:            {rate:,.0f} txn/s", flush=True)
+                print(f"  PumpsClient, 1 pump:            {rate:,.0f} txn/s, "
+                      f"{LAST_CPU_US[-1]:.0f} us CPU/txn in this process", flush=True)
             scaled[1] = statistics.median(one_rates)
             for n in (2, 3):
                 h = await asyncio.to_thread(cluster.start_pump, f"pump-{n}", **QUIET)
@@ -161,7 +167,8 @@ def main() -> int:
                                                 args.seconds, n)
                 scaled[n] = rate
                 breakdown.append((f"PumpsClient, {n} pumps", rate, m))
-                print(f"  PumpsClient, {n} pumps:           {rate:,.0f} txn/s", flush=True)
+                print(f"  PumpsClient, {n} pumps:           {rate:,.0f} txn/s, "
+                      f"{LAST_CPU_US[-1]:.0f} us CPU/txn in this process", flush=True)
         asyncio.run(phases())
     finally:
         cluster.stop()

@@ -3,6 +3,10 @@
 Both sides apply the same pre-built transactions (RandomWorkload: inserts, updates, deletes,
 primary-key changes, unique-key swaps over four tables, one of them keyless; every Datum kind)
 to a fresh database on the same MariaDB, started by this script (apt's mariadbd, 127.0.0.1).
+`--keyless both` (the default) runs the workload twice, with and without the keyless table: a
+keyless table's UPDATE/DELETE must find its row by the full row image, a scan that grows with the
+table on both sides, so at 50k transactions that one table dominates the database's CPU; the
+two tables show the apply path with and without it.
 Each side's result is checked equal to the workload's in-memory model, so a fast wrong answer
 cannot win.
 
@@ -19,8 +23,9 @@ transactions to its last COMMIT. p50/p99 over the chunks.
 Wall-clock times; the sides alternate per repeat and the median is reported. The machine is
 shared: the load average is printed with the results; compare ratios within one run only.
 
-Run: .venv/bin/python bench/drainer_apply.py [--txns 20000] [--keys 20000] [--workers 1,4,16]
-     [--batch 20] [--backlog 500] [--durable]   (--durable: innodb_flush_log_at_trx_commit=1, sync_binlog=1)
+Run: .venv/bin/python bench/drainer_apply.py [--txns 50000] [--keys N (default: --txns)]
+     [--workers 4,16] [--keyless both|with|without] [--batch 20] [--backlog 500] [--repeat 1]
+     [--durable]   (--durable: innodb_flush_log_at_trx_commit=1, sync_binlog=1)
 """
 from __future__ import annotations
 
@@ -149,9 +154,11 @@ def check(server: MariaDBServer, wl: RandomWorkload, side: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--txns", type=int, default=20000)
-    ap.add_argument("--keys", type=int, default=20000)
-    ap.add_argument("--workers", default="1,4,16", help="comma-separated worker counts")
+    ap.add_argument("--txns", type=int, default=50000)
+    ap.add_argument("--keys", type=int, default=0, help="key space (default: --txns)")
+    ap.add_argument("--workers", default="4,16", help="comma-separated worker counts")
+    ap.add_argument("--keyless", choices=("both", "with", "without"), default="both",
+                    help="run the workload with the keyless table, without it, or both")
     ap.add_argument("--batch", type=int, default=20)
     ap.add_argument("--backlog", type=int, default=500)
     ap.add_argument("--apply-batch", type=int, default=200)
@@ -161,61 +168,84 @@ def main() -> None:
     args = ap.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
 
+    args.keys = args.keys or args.txns
+    modes = {"both": (True, False), "with": (True,), "without": (False,)}[args.keyless]
     started = time.perf_counter()
+    load_start = os.getloadavg()
     extra = ["--innodb-flush-log-at-trx-commit=1", "--sync-binlog=1"] if args.durable else []
+    tables: list[str] = []
     with tempfile.TemporaryDirectory(prefix="sluice-bench-apply-") as tmp:
         server = MariaDBServer(Path(tmp), extra_args=extra).start()
         try:
-            wl = RandomWorkload(args.seed, "bench_apply", keys=args.keys)
-            txns = wl.transactions(args.txns, first_ts=1 << 40)
-            history = history_of(txns)
-            rows = wl.rows
-            t_naive: list[float] = []
-            lag_naive: list[float] = []
-            c_naive: list[tuple[float, float]] = []
-            t_sink: dict[int, list[float]] = {w: [] for w in worker_counts}
-            lag_sink: dict[int, list[float]] = {w: [] for w in worker_counts}
-            c_sink: dict[int, list[tuple[float, float]]] = {w: [] for w in worker_counts}
-            conflicts: dict[int, int] = {}
-            for r in range(args.repeat):
-                prepare(server, wl, "bench_apply")
-                a = cpu(server)
-                t, lags = naive(server, txns, history, args.apply_batch)
-                b = cpu(server)
-                t_naive.append(t)
-                lag_naive += lags
-                c_naive.append((b[0] - a[0], b[1] - a[1]))
-                check(server, wl, "naive")
-                for w in worker_counts:
-                    prepare(server, wl, "bench_apply")
-                    a = cpu(server)
-                    t, lags, conflicts[w] = sink(server, txns, history, args, w, f"bench_cp_{r}_{w}")
-                    b = cpu(server)
-                    c_sink[w].append((b[0] - a[0], b[1] - a[1]))
-                    t_sink[w].append(t)
-                    lag_sink[w] += lags
-                    check(server, wl, f"sink ({w} workers)")
+            for keyless in modes:
+                tables.append(run_mode(server, args, worker_counts, keyless))
         finally:
             server.stop()
-    n = statistics.median(t_naive)
-    load = os.getloadavg()
-    print(f"# drainer apply to MariaDB: {args.txns} transactions, {rows} row changes, "
-          f"keys {args.keys}, {'durable' if args.durable else 'innodb_flush_log_at_trx_commit=2'}")
-    print(f"machine: {platform.machine()} {os.cpu_count()} cores, load {load[0]:.1f}, "
-          f"{datetime.date.today()}; total run {time.perf_counter() - started:.0f} s")
+    load_end = os.getloadavg()
+    print(f"# drainer apply to MariaDB: {args.txns} transactions, keys {args.keys}, "
+          f"{'durable' if args.durable else 'innodb_flush_log_at_trx_commit=2'}, median of {args.repeat}")
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, load average (1 min) "
+          f"{load_start[0]:.1f} at start, {load_end[0]:.1f} at end, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+          f"total run {time.perf_counter() - started:.0f} s")
     print(f"sink: txn-batch {args.batch}, txn-batch-backlog {args.backlog}, apply() calls of "
           f"{args.apply_batch} transactions; lag = apply() call -> checkpoint() covering it")
-    print("| side | workers | seconds | rows/s | ratio vs naive | lag p50 | lag p99 | "
-          "CPU s Python | CPU s mariadbd | conflicts |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    for table in tables:
+        print()
+        print(table)
+
+
+def run_mode(server: MariaDBServer, args: argparse.Namespace, worker_counts: list[int],
+             keyless: bool) -> str:
+    """Both sides on one workload; returns its result table."""
+    wl = RandomWorkload(args.seed, "bench_apply", keys=args.keys, keyless=keyless)
+    txns = wl.transactions(args.txns, first_ts=1 << 40)
+    history = history_of(txns)
+    rows = wl.rows
+    t_naive: list[float] = []
+    lag_naive: list[float] = []
+    c_naive: list[tuple[float, float]] = []
+    t_sink: dict[int, list[float]] = {w: [] for w in worker_counts}
+    lag_sink: dict[int, list[float]] = {w: [] for w in worker_counts}
+    c_sink: dict[int, list[tuple[float, float]]] = {w: [] for w in worker_counts}
+    conflicts: dict[int, int] = {}
+    loads: list[float] = []
+    for r in range(args.repeat):
+        prepare(server, wl, "bench_apply")
+        a = cpu(server)
+        t, lags = naive(server, txns, history, args.apply_batch)
+        b = cpu(server)
+        loads.append(os.getloadavg()[0])
+        t_naive.append(t)
+        lag_naive += lags
+        c_naive.append((b[0] - a[0], b[1] - a[1]))
+        check(server, wl, "naive")
+        for w in worker_counts:
+            prepare(server, wl, "bench_apply")
+            a = cpu(server)
+            t, lags, conflicts[w] = sink(server, txns, history, args, w,
+                                         f"bench_cp_{int(keyless)}_{r}_{w}")
+            b = cpu(server)
+            loads.append(os.getloadavg()[0])
+            c_sink[w].append((b[0] - a[0], b[1] - a[1]))
+            t_sink[w].append(t)
+            lag_sink[w] += lags
+            check(server, wl, f"sink ({w} workers)")
+    n = statistics.median(t_naive)
+    out = [f"## {'with' if keyless else 'without'} the keyless table: {rows} row changes "
+           f"({len(wl.tables)} tables); load average after each side {min(loads):.1f}-{max(loads):.1f}",
+           "| side | workers | seconds | rows/s | ratio vs naive | lag p50 | lag p99 | "
+           "CPU s Python | CPU s mariadbd | conflicts |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     cn = statistics.median(c[0] for c in c_naive), statistics.median(c[1] for c in c_naive)
-    print(f"| naive (txn per txn) | 1 | {n:.2f} | {rows / n:.0f} | 1.00x | "
-          f"{pct(lag_naive, 50):.3f} s | {pct(lag_naive, 99):.3f} s | {cn[0]:.2f} | {cn[1]:.2f} | |")
+    out.append(f"| naive (txn per txn) | 1 | {n:.2f} | {rows / n:.0f} | 1.00x | "
+               f"{pct(lag_naive, 50):.3f} s | {pct(lag_naive, 99):.3f} s | {cn[0]:.2f} | {cn[1]:.2f} | |")
     for w in worker_counts:
         s = statistics.median(t_sink[w])
         cs = statistics.median(c[0] for c in c_sink[w]), statistics.median(c[1] for c in c_sink[w])
-        print(f"| sink | {w} | {s:.2f} | {rows / s:.0f} | {n / s:.2f}x | {pct(lag_sink[w], 50):.3f} s | "
-              f"{pct(lag_sink[w], 99):.3f} s | {cs[0]:.2f} | {cs[1]:.2f} | {conflicts[w]} |")
+        out.append(f"| sink | {w} | {s:.2f} | {rows / s:.0f} | {n / s:.2f}x | {pct(lag_sink[w], 50):.3f} s | "
+                   f"{pct(lag_sink[w], 99):.3f} s | {cs[0]:.2f} | {cs[1]:.2f} | {conflicts[w]} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,11 @@ class SourceCheckFailed(ConfigError):
     """A source prerequisite is missing; the message says how to fix it."""
 
 
+class SavedPositionPurged(SourceCheckFailed):
+    """The saved GTID position is older than the oldest binlog (snapshot-mode when_needed takes
+    a new snapshot instead of refusing)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceFacts:
     server_id: int
@@ -89,6 +94,19 @@ def _oldest_gtid_list(cur: Any) -> str:
     return ""
 
 
+def _is_replica(cur: Any) -> bool:
+    try:
+        cur.execute("SHOW ALL SLAVES STATUS")
+        return bool(cur.fetchall())
+    except pymysql.err.OperationalError as e:
+        if not e.args or e.args[0] != 1227:
+            raise
+    # Without REPLICA MONITOR (a minimal read-only capture user): a server that ever replicated
+    # has a replica GTID position.
+    cur.execute("SELECT @@GLOBAL.gtid_slave_pos")
+    return bool(str(cur.fetchone()[0] or ""))
+
+
 def check_source(params: dict[str, Any], *, address: str, replica_server_id: int,
                  saved_gtid: str | None, include_databases: list[str] | None = None) -> SourceFacts:
     """Run every check; raises SourceCheckFailed on the first failure."""
@@ -135,8 +153,7 @@ def check_source(params: dict[str, Any], *, address: str, replica_server_id: int
             raise SourceCheckFailed(f"source {address}: user {params.get('user')!r} lacks SELECT "
                                     "(needed to read table definitions and snapshots): GRANT SELECT "
                                     "ON the captured databases TO the capture user")
-        cur.execute("SHOW ALL SLAVES STATUS")
-        if cur.fetchall() and (_var(cur, "log_slave_updates") or "OFF").upper() != "ON":
+        if _is_replica(cur) and (_var(cur, "log_slave_updates") or "OFF").upper() != "ON":
             raise SourceCheckFailed(f"source {address}: it is a replica without log_slave_updates, "
                                     "so replicated changes never reach its binlog: start it with "
                                     "log-slave-updates=ON")
@@ -156,11 +173,11 @@ def _check_saved(address: str, saved: str, current: str, oldest: str) -> None:
         have = s.get(domain)
         if have is None or have[1] < first_seq:
             where = f"{domain}-{have[0]}-{have[1]}" if have else f"nothing in domain {domain}"
-            raise SourceCheckFailed(
+            raise SavedPositionPurged(
                 f"source {address}: the saved position ({where}) is no longer in the source's "
                 f"binlogs (oldest binlog starts after {domain}-{old[domain][0]}-{first_seq}): "
-                "transactions were purged; re-snapshot, or set a newer start with "
-                "`sluice ctl position set`")
+                "transactions were purged; set snapshot-mode = \"when_needed\" to re-snapshot, "
+                "or set a newer start with `sluice ctl position set`")
     for domain, (server, seq) in s.items():
         now = cur.get(domain)
         if now is None or now[1] < seq:

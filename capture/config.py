@@ -56,6 +56,9 @@ class CaptureConfig:
     snapshot_mode: str = "no_data"
     snapshot_chunk_size: int = 8192
     snapshot_parallelism: int = 1
+    # Debezium's `read.only`: every snapshot reads chunks in consistent-snapshot transactions
+    # and writes nothing to the source (no watermark rows; no signal table needed).
+    snapshot_read_only: bool = False
     mark_table: str = ""             # "db.table" the MySQL sink writes to mark its own writes
     group_max_txns: int = 256
     group_max_bytes: int = 4 << 20
@@ -97,10 +100,12 @@ class CaptureConfig:
                 raise ConfigError(f"{where}: key '{key.replace('_', '-')}' is {v!r}: want db.table")
         from sluice.capture.snapshot.modes import SnapshotMode, parse_mode
         mode = parse_mode(self.snapshot_mode, f"{where}: key 'snapshot-mode'")
-        if mode is not SnapshotMode.NO_DATA and not self.signal_table:
+        if mode is not SnapshotMode.NO_DATA and not self.signal_table \
+                and not self.snapshot_read_only:
             raise ConfigError(f"{where}: key 'snapshot-mode' is {self.snapshot_mode!r}, which "
                               "needs a signal table for its watermarks: set 'signal-table' "
-                              "(db.table) and create it (docs/snapshots.md)")
+                              "(db.table) and create it, or set 'snapshot-read-only = true' "
+                              "(docs/snapshots.md)")
         for key in ("group_max_txns", "group_max_bytes", "snapshot_chunk_size",
                     "snapshot_parallelism"):
             if getattr(self, key) < 1:

@@ -22,12 +22,21 @@ transactions to the event loop through a bounded queue; grouping and pump writes
 A lost source connection is not an error: the state goes to `reconnecting`, every transaction
 already read is still written, and a new connection resumes from the GTID state after the last
 one (with backoff while the source is down). Each state change is logged once.
+
+Snapshots (docs/snapshots.md): every transaction read goes through the `Snapshotter`, which puts
+it, the snapshot chunks ready after it and row-less progress records on the queue in order; a
+progress record ends its group (the writer keeps an empty transaction only as a group's last).
+The snapshot thread, an emission ticker and an etcd signal poller run beside the reader; signal
+keys are deleted once the group recording their effect is committed, and the last committed
+progress is published to etcd for `sluice ctl snapshot status`. `snapshot-mode = when_needed`
+turns the start-up check's purged-position refusal into a new snapshot.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import signal
 import threading
@@ -42,9 +51,11 @@ from sluice.capture.metrics import CaptureMetrics
 from sluice.capture.reader import (BinlogReader, SourceDisconnected, SourceTxn, file_seq_of,
                                    gtid_state_text, parse_gtid_state)
 from sluice.capture.schema import SchemaTracker, TableFilter, version_of
-from sluice.capture.snapshot.modes import StartState, decide, parse_mode
+from sluice.capture.snapshot.modes import SnapshotMode, StartState, decide, parse_mode
 from sluice.capture.snapshot.progress import SnapshotState, decode, encode
-from sluice.capture.snapshotter import Snapshotter, new_state
+from sluice.capture.snapshot.signals import (InvalidSignal, etcd_progress_key,
+                                             etcd_signal_prefix, parse_etcd_signal)
+from sluice.capture.snapshotter import READ_ONLY, SIGNAL_TABLE, Snapshotter, new_state
 from sluice.capture.writer import GroupWriter
 from sluice.client.pumps import PumpsClient
 from sluice.client.producer import ProducerServer
@@ -64,6 +75,9 @@ _END = object()
 _STOP = object()
 _SYSTEM_DBS = ("mysql", "information_schema", "performance_schema", "sys")
 RECONNECT_BACKOFF_S = (0.2, 5.0)     # first and longest wait between reconnect attempts
+TICK_S = 0.1            # snapshot emission ticker (read-only chunks while the source idles)
+SIGNAL_POLL_S = 0.25    # etcd signal channel
+PUBLISH_S = 0.5         # snapshot progress to etcd
 
 
 class _Disconnected:
@@ -142,6 +156,22 @@ def read_table_definitions(params: dict[str, Any], table_filter: TableFilter
     return out
 
 
+def _progress_only(txn: SourceTxn) -> bool:
+    """A row-less snapshot progress record: it ends its group, because the writer drops empty
+    transactions that are not the last of a group and this one must reach the pumps."""
+    return txn.snapshot is not None and txn.empty
+
+
+def progress_doc(p: pb.SnapshotProgress) -> dict[str, Any]:
+    """Snapshot progress as the JSON `sluice ctl snapshot status` shows."""
+    st = decode(p)
+    return {"snapshot_id": st.snapshot_id, "mode": st.mode, "tables": list(st.tables),
+            "current_table": st.current_table, "chunks_done": st.chunks_done,
+            "rows_done": st.rows_done, "finished": st.finished, "paused": st.paused,
+            "conditions": [list(c) for c in st.conditions],
+            "published_ms": int(time.time() * 1000)}
+
+
 def earliest_state(oldest_gtid_list: str) -> str:
     """The GTID state at the start of the oldest binlog: one GTID per domain, the highest.
 
@@ -208,6 +238,8 @@ class Capture:
         self._committed_ts_ms = 0       # source time of the last committed transaction
         self.snapshotter: Snapshotter | None = None
         self._stop_after_snapshot = False
+        self._put: Any = None
+        self._committed_progress: pb.SnapshotProgress | None = None
 
     async def run(self) -> int:
         c = self.config
@@ -226,28 +258,50 @@ class Capture:
             # The recorded position wins over the config on every start but the first (an empty
             # GTID state is a real position too: "from the first binlog").
             saved = None if first_start else gtid_state_text(pos.gtids)
-            facts = await asyncio.to_thread(source_checks, c, saved)
-            if saved is not None:
+            mode = parse_mode(c.snapshot_mode)
+            on_source = True
+            try:
+                facts = await asyncio.to_thread(source_checks, c, saved)
+            except checks.SavedPositionPurged as e:
+                if mode is not SnapshotMode.WHEN_NEEDED:
+                    raise
+                # when_needed: the gap is lost from the binlog; a new snapshot of every captured
+                # table replaces it (rows deleted inside the gap are not deleted downstream).
+                log.warning("saved position purged from the source; snapshot-mode when_needed: "
+                            "new snapshot, streaming from the source's current position",
+                            extra={"fields": {"problem": str(e)}})
+                on_source = False
+                facts = await asyncio.to_thread(source_checks, c, None)
+            if saved is not None and on_source:
                 start = saved
+            elif saved is not None:
+                start = facts.gtid_binlog_pos
             elif c.start_position == "earliest" or c.start_timestamp_ms() is not None:
                 start = earliest_state(facts.oldest_gtid_list)
             elif c.start_position == "latest":
                 start = facts.gtid_binlog_pos
             else:
                 start = c.start_position[5:]
-            prog = self.writer.snapshot
-            plan = decide(parse_mode(c.snapshot_mode), StartState(
-                has_position=not first_start, snapshot_started=prog is not None,
+            prog = self._committed_progress = self.writer.snapshot
+            plan = decide(mode, StartState(
+                has_position=not first_start, position_on_source=on_source,
+                snapshot_started=prog is not None,
                 snapshot_finished=prog is not None and prog.finished))
             last, state = await self._declare_tables(pos, start, facts,
                                                      new_snapshot=plan.snapshot == "new")
             if plan.snapshot == "resume":
                 assert prog is not None
                 state = decode(prog)
-            if state is not None or c.signal_table:
-                # Chunks are stamped after the last position written (a chunk's own position
-                # continues its numbering).
-                self.snapshotter = Snapshotter(c.signal_table, self.tracker, last, state)
+            elif plan.snapshot == "none" and prog is not None:
+                # A finished snapshot is kept for status; an unfinished one (started by a
+                # signal, or the initial one under no_data) is resumed, never abandoned.
+                state = decode(prog)
+            # Chunks are stamped after the last position written (a chunk's own position
+            # continues its numbering).
+            self.snapshotter = Snapshotter(
+                signal_table=c.signal_table, tracker=self.tracker, start_position=last,
+                state=state, connection=c.source.connection(), chunk_size=c.snapshot_chunk_size,
+                parallelism=c.snapshot_parallelism, read_only=c.snapshot_read_only)
             if plan.snapshot != "none":
                 log.info("snapshot %s: %s", plan.snapshot, plan.reason,
                          extra={"fields": {"tables": list(state.tables) if state else []}})
@@ -311,7 +365,8 @@ class Capture:
         first_start = is_empty(pos)
         declared = None if first_start else await asyncio.to_thread(self.registry.get_json, key)
         todo = [x for x in captured if declared is None or x not in declared]
-        state = new_state(captured) if new_snapshot else None
+        state = new_state(captured, READ_ONLY if c.snapshot_read_only else SIGNAL_TABLE) \
+            if new_snapshot else None
         last = pos
         if first_start or todo or state is not None:
             if first_start:
@@ -351,29 +406,21 @@ class Capture:
         reader = self._reader = BinlogReader(
             c.source.connection(), replica_server_id=c.source.server_id, tracker=self.tracker,
             gtid_state=start, heartbeat_s=c.heartbeat_s, on_connected=connected)
-
-        def put(item: object) -> None:
-            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
-
+        put = self._put
         skip_before_ms = c.start_timestamp_ms()
         snap = self.snapshotter
+        assert snap is not None
 
         def reader_thread() -> None:
             try:
                 for txn in reader.transactions():
                     if self._stop.is_set():
                         return
-                    chunks: list[SourceTxn] = []
-                    if snap is not None:
-                        txn, chunks = snap.split(txn)
+                    # Read while the generator is suspended: the end of this transaction.
+                    end = reader.assembler.last_event_end
                     if skip_before_ms is not None and txn.ts_ms < skip_before_ms:
                         txn = self._skipped(txn)
-                    put(txn)
-                    for chunk in chunks:
-                        put(chunk)
-                    if chunks and self._stop_after_snapshot and snap.finished:
-                        put(_STOP)     # initial_only: the last chunk is queued
-                        return
+                    snap.process(txn, end)
                 put(_END)
             except SourceDisconnected as e:
                 if not self._stop.is_set():
@@ -385,22 +432,65 @@ class Capture:
         threading.Thread(target=reader_thread, name="binlog-reader", daemon=True).start()
 
     def _start_snapshot(self, queue: asyncio.Queue[object]) -> None:
-        """The snapshot worker in its own thread; its failure fails the capture (a restart
-        resumes at the next chunk)."""
-        c = self.config
-        loop = asyncio.get_running_loop()
+        """The snapshot thread, the emission ticker and the etcd signal poller; a failure of
+        the snapshot fails the capture (a restart resumes at the next chunk)."""
         snap = self.snapshotter
         assert snap is not None
+        put = self._put
 
         def snapshot_thread() -> None:
             try:
-                snap.run(c.source.connection(), c.snapshot_chunk_size, c.snapshot_parallelism,
-                         self._stop)
+                snap.run(self._stop)
             except BaseException as e:  # noqa: BLE001 - handed to the loop, which raises it
                 if not self._stop.is_set():
-                    asyncio.run_coroutine_threadsafe(queue.put(e), loop)
+                    put(e)
 
-        threading.Thread(target=snapshot_thread, name="snapshot", daemon=True).start()
+        def ticker() -> None:
+            try:
+                while not self._stop.wait(TICK_S):
+                    snap.tick(self._reader)
+            except BaseException as e:  # noqa: BLE001 - handed to the loop, which raises it
+                if not self._stop.is_set():
+                    put(e)
+
+        for target, name in ((snapshot_thread, "snapshot"), (ticker, "snapshot-tick"),
+                             (self._signal_poller, "etcd-signals")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def _signal_poller(self) -> None:
+        """Signals from etcd (read-only sources): polled, since they are rare; each key is
+        applied once per process and deleted once its effect is committed (`_acked`)."""
+        snap = self.snapshotter
+        assert snap is not None
+        prefix = etcd_signal_prefix(self.registry, self.config.producer_id)
+        seen: set[str] = set()
+        while not self._stop.wait(SIGNAL_POLL_S):
+            for key in snap.committed(()):    # signals that changed nothing: no commit to wait for
+                self._delete_key(key)
+            try:
+                kvs, _ = self.etcd.get_prefix(prefix)
+            except errors.SluiceError as e:
+                log.warning("etcd signals not read: %s", e)
+                continue
+            for value, meta in sorted(kvs, key=lambda kv: kv[1].create_revision):
+                key = meta.key.decode() if isinstance(meta.key, bytes) else str(meta.key)
+                if key in seen:
+                    continue
+                seen.add(key)
+                try:
+                    sig = parse_etcd_signal(key, value)
+                except InvalidSignal as e:
+                    log.error("etcd signal ignored: %s", e, extra={"fields": {"key": key}})
+                    self._delete_key(key)
+                    continue
+                log.info("etcd signal received", extra={"fields": {"key": key, "signal": sig.id}})
+                snap.submit(sig, key)
+
+    def _delete_key(self, key: str) -> None:
+        try:
+            self.etcd.delete(key)
+        except errors.SluiceError as e:
+            log.warning("etcd signal key %s not deleted: %s", key, e)
 
     def _skipped(self, txn: SourceTxn) -> SourceTxn:
         """A transaction committed before `start-position = timestamp:T`, made empty: it only
@@ -418,9 +508,28 @@ class Capture:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue(_QUEUE)
         self._queue = queue
+
+        def put(item: object) -> None:
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+        self._put = put
+        snap = self.snapshotter
+        assert snap is not None
+        snap.attach(put)
+        if self._stop_after_snapshot:
+            snap.on_finished = lambda: put(_STOP)     # initial_only: after the last chunk
         self._start_reader(start, queue)
-        if self.snapshotter is not None and self.snapshotter.active:
-            self._start_snapshot(queue)
+        self._start_snapshot(queue)
+        publish = loop.create_task(self._publish_progress(), name="snapshot-progress")
+        try:
+            await self._groups(queue)
+        finally:
+            publish.cancel()
+
+    async def _groups(self, queue: asyncio.Queue[object]) -> None:
+        c = self.config
+        loop = asyncio.get_running_loop()
+        snap = self.snapshotter
+        assert snap is not None
         wait_s = c.group_max_wait_ms / 1000
         backoff = RECONNECT_BACKOFF_S[0]
         m = self.metrics
@@ -437,7 +546,8 @@ class Capture:
             group: list[SourceTxn] = [item]  # type: ignore[list-item]
             size = group[0].size
             deadline = loop.time() + wait_s
-            while len(group) < c.group_max_txns and size < c.group_max_bytes:
+            while len(group) < c.group_max_txns and size < c.group_max_bytes \
+                    and not _progress_only(group[-1]):
                 try:
                     nxt = queue.get_nowait() if queue.qsize() else await asyncio.wait_for(
                         queue.get(), max(0.0, deadline - loop.time()))
@@ -456,11 +566,33 @@ class Capture:
                 self._writing = False
             backoff = RECONNECT_BACKOFF_S[0]
             self._committed_ts_ms = group[-1].ts_ms
+            progress = [t.snapshot for t in group if t.snapshot is not None]
+            if progress:
+                self._committed_progress = progress[-1]
+            for key in snap.committed(group):
+                await asyncio.to_thread(self._delete_key, key)
             m.group_seconds.observe(time.monotonic() - t0)
             m.groups.inc()
             m.txns.inc(len(group))
             m.rows.inc(sum(len(mu.changes) for t in group for mu in t.mutations))
             m.lag.set(self.lag_s())
+
+    async def _publish_progress(self) -> None:
+        """The last committed snapshot progress, as JSON in etcd for `sluice ctl snapshot
+        status` (at most every PUBLISH_S; a failed write is retried with the next change)."""
+        key = etcd_progress_key(self.registry, self.config.producer_id)
+        published: pb.SnapshotProgress | None = None
+        while True:
+            await asyncio.sleep(PUBLISH_S)
+            p = self._committed_progress
+            if p is None or p is published:
+                continue
+            doc = progress_doc(p)
+            try:
+                await asyncio.to_thread(self.etcd.put, key, json.dumps(doc, sort_keys=True))
+                published = p
+            except errors.SluiceError as e:
+                log.warning("snapshot progress not published: %s", e)
 
     async def _reconnect(self, lost: _Disconnected, queue: asyncio.Queue[object], backoff: float) -> float:
         """Everything read before the loss is written already (it was ahead in the queue)."""

@@ -29,7 +29,7 @@ import grpc
 from sluice.capture.reader import SourceTxn
 from sluice.client.pumps import PumpsClient, check_commit_ts
 from sluice.core import errors, failpoint, grpcutil
-from sluice.core.position import format_position, max_position
+from sluice.core.position import IncomparablePositions, compare, format_position, max_position
 from sluice.core.registry import NodeKind, NodeState, Registry
 from sluice.core.tls import SecurityConfig
 from sluice.core.tso_client import TSOClient
@@ -64,13 +64,38 @@ def pump_txns(group: list[SourceTxn], source_name: str) -> list[PumpItem]:
             # at one source position, ordered by sub_seq; a snapshot chunk's position already
             # carries its own sub_seq (2^32 + n), which is kept.
             pos.sub_seq = st.position.sub_seq + j
-            out.append((v, pos, st.snapshot))
+            snap = st.snapshot
+            if snap is not None:
+                snap = pb.SnapshotProgress()
+                snap.CopyFrom(st.snapshot)
+                snap.recorded_at.CopyFrom(pos)
+            out.append((v, pos, snap))
     return out
 
 
-def _progress_key(p: pb.SnapshotProgress) -> tuple[bool, int, int]:
+def _how_far(p: pb.SnapshotProgress) -> tuple[bool, int, int]:
     table = list(p.tables).index(p.current_table) if p.current_table in p.tables else -1
     return p.finished, table, p.chunks_done
+
+
+def latest_progress(progress: list[pb.SnapshotProgress]) -> pb.SnapshotProgress:
+    """The progress recorded at the greatest source position: each pump keeps the last one it
+    committed, and committed transactions are a prefix of the source order. Progress written
+    without `recorded_at` (older captures) falls back to how far it got."""
+    def newer(a: pb.SnapshotProgress, b: pb.SnapshotProgress) -> bool:
+        if a.HasField("recorded_at") and b.HasField("recorded_at"):
+            try:
+                c = compare(a.recorded_at, b.recorded_at)
+            except IncomparablePositions:
+                c = 0
+            if c:
+                return c > 0
+        return _how_far(a) > _how_far(b)
+    best = progress[0]
+    for p in progress[1:]:
+        if newer(p, best):
+            best = p
+    return best
 
 
 class GroupWriter:
@@ -117,9 +142,7 @@ class GroupWriter:
             if resp.HasField("snapshot"):
                 progress.append(resp.snapshot)
         pos = max_position(positions)
-        # Each pump keeps the progress of the last chunk it committed; the committed set is a
-        # prefix of the source order, so the furthest progress is the latest one.
-        self.snapshot = max(progress, key=_progress_key) if progress else None
+        self.snapshot = latest_progress(progress) if progress else None
         self.recovered = True
         log.info("recovered position %s from %d pump(s) at epoch %d", format_position(pos),
                  len(pumps), epoch)

@@ -58,6 +58,8 @@ _FINAL = (errors.InvalidArgument, errors.AlreadyExists, errors.FailedPreconditio
           errors.NotFound, errors.OutOfRange)
 # Pump states in which it still takes commits and rollbacks for prewrites it holds.
 _DECIDING = (NodeState.ONLINE, NodeState.PAUSING, NodeState.CLOSING)
+_ONLINE = NodeState.ONLINE
+_PREWRITE, _COMMIT, _ROLLBACK = pb.PREWRITE, pb.COMMIT, pb.ROLLBACK
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,10 @@ class PumpsClient:
         self._candidates: list[Candidate] | None = None
         self._orphans: OrderedDict[int, frozenset[str]] = OrderedDict()
         self._redelivery_count = 0
+        # Acknowledged writes, counted as plain ints on the hot path and added to the
+        # Prometheus counters by the maintenance loop (`_flush_metrics`).
+        self._n_prewrites = self._n_commits = self._n_binlogs = 0
+        self._flushed = (0, 0, 0)
         self._etcd: Etcd | None = None
         self._registry: Registry | None = None
         self._watcher: Watcher | None = None
@@ -241,6 +247,7 @@ class PumpsClient:
         await asyncio.gather(*tasks, return_exceptions=True)
         for p in self._pumps.values():
             await self._close_pump_channel(p)
+        self._flush_metrics()
         if self._redelivery_count:
             log.warning("pumps client closed with %d commit/rollback request(s) not re-sent; the "
                         "pumps resolve those prewrites with TxnStatus", self._redelivery_count)
@@ -266,20 +273,24 @@ class PumpsClient:
         if not binlogs:
             raise errors.InvalidArgument("write_prewrites needs at least one binlog")
         for b in binlogs:
-            if b.tp != pb.PREWRITE or b.start_ts <= 0:
+            if b.tp != _PREWRITE or b.start_ts <= 0:
                 raise errors.InvalidArgument(
                     f"write_prewrites takes PREWRITE binlogs with start_ts > 0, got "
                     f"{pb.BinlogType.Name(b.tp)} start_ts={b.start_ts}")
         start_ts = binlogs[0].start_ts
-        payloads = [part for b in binlogs for part in split_prewrite(b, self.max_binlog_size)]
-        calls = _group_calls(payloads, self.max_binlog_size)
+        limit = self.max_binlog_size
+        if len(binlogs) == 1 and len(raw := binlogs[0].SerializeToString()) <= limit:
+            calls = [[raw]]   # the common case: serialized once, one call
+        else:
+            payloads = [part for b in binlogs for part in split_prewrite(b, limit)]
+            calls = _group_calls(payloads, limit)
         held: dict[str, int] = {}
         failed_here: dict[str, str] = {}
         if self.replicas == 1 and len(calls) == 1:
             # The common case, without the failover bookkeeping's allocations.
-            ranked = self.selector.rank(start_ts, self._candidate_list())
-            if ranked:
-                p = self._pumps[ranked[0]]
+            first = self.selector.first(start_ts, self._candidate_list())
+            if first is not None:
+                p = self._pumps[first]
                 try:
                     wm = await self._write(p, calls[0], prewrite=True)
                 except _Failover as e:
@@ -288,7 +299,7 @@ class PumpsClient:
                     self._remember_orphans(binlogs, {p.node_id})
                     raise
                 else:
-                    self.metrics.prewrites.inc()
+                    self._n_prewrites += 1
                     return PrewriteAck(start_ts, (p.node_id,), wm)
         tried = set(failed_here)
         while len(held) < self.replicas:
@@ -313,7 +324,7 @@ class PumpsClient:
                 self._remember_orphans(binlogs, tried)
                 raise final
         self._remember_orphans(binlogs, tried - set(held))
-        self.metrics.prewrites.inc()
+        self._n_prewrites += 1
         return PrewriteAck(start_ts, tuple(held), max(held.values()))
 
     async def _write_calls(self, p: _Pump, calls: list[list[bytes]]) -> int:
@@ -369,13 +380,15 @@ class PumpsClient:
         if not binlogs:
             raise errors.InvalidArgument("write_commits needs at least one binlog")
         for b in binlogs:
-            if b.tp not in (pb.COMMIT, pb.ROLLBACK) or b.start_ts <= 0:
+            tp = b.tp
+            if (tp != _COMMIT and tp != _ROLLBACK) or b.start_ts <= 0:
                 raise errors.InvalidArgument(
                     f"write_commits takes COMMIT/ROLLBACK binlogs with start_ts > 0, got "
                     f"{pb.BinlogType.Name(b.tp)} start_ts={b.start_ts}")
-            if b.tp == pb.COMMIT:
-                check_commit_ts(b.commit_ts, ack)
-        payloads = [b.SerializeToString() for b in binlogs]
+            if tp == _COMMIT and b.commit_ts <= ack.watermark:
+                check_commit_ts(b.commit_ts, ack)   # raises
+        payloads = ([binlogs[0].SerializeToString()] if len(binlogs) == 1
+                    else [b.SerializeToString() for b in binlogs])
         if self._orphans:
             orphans: set[str] = set()
             for b in binlogs:
@@ -408,7 +421,7 @@ class PumpsClient:
             log.warning("commit of start_ts=%d acknowledged by %d of %d pumps; re-sent later to %s",
                         ack.start_ts, len(ack.pumps) - len(pending), len(ack.pumps),
                         ", ".join(n for n, _ in pending))
-        self.metrics.commits.inc()
+        self._n_commits += 1
 
     async def _commit_to(self, node_id: str, payloads: list[bytes]) -> int:
         p = self._pumps.get(node_id)
@@ -439,7 +452,8 @@ class PumpsClient:
     async def _write(self, p: _Pump, payloads: list[bytes], prewrite: bool) -> int:
         attempts = 0
         while True:
-            if prewrite and not p.takes_prewrites:
+            if prewrite and not (p.state is _ONLINE and p.alive and p.available
+                                 and p.batcher is not None):   # _Pump.takes_prewrites, inlined
                 raise _Failover(p.why_not())
             batcher = p.batcher
             if batcher is None:
@@ -455,8 +469,9 @@ class PumpsClient:
                     raise _Failover(f"{type(e).__name__}: {e}") from None
                 await asyncio.sleep(self.retry_backoff_s * (2 ** (attempts - 1)))
                 continue
-            self._on_success(p)
-            self.metrics.binlogs.inc(len(payloads))
+            if p.failures or not p.available:
+                self._on_success(p)
+            self._n_binlogs += len(payloads)
             return wm
 
     def _on_failure(self, p: _Pump, e: errors.SluiceError) -> None:
@@ -485,6 +500,17 @@ class PumpsClient:
         self._wake.set()
 
     # -- probes and redelivery ---------------------------------------------------------------
+    def _flush_metrics(self) -> None:
+        now = (self._n_prewrites, self._n_commits, self._n_binlogs)
+        pre, com, binl = (a - b for a, b in zip(now, self._flushed))
+        if pre:
+            self.metrics.prewrites.inc(pre)
+        if com:
+            self.metrics.commits.inc(com)
+        if binl:
+            self.metrics.binlogs.inc(binl)
+        self._flushed = now
+
     async def _maintain(self) -> None:
         tick = min(1.0, self.probe_interval_s)
         while True:
@@ -493,6 +519,7 @@ class PumpsClient:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            self._flush_metrics()
             now = time.monotonic()
             jobs = []
             for p in list(self._pumps.values()):

@@ -41,6 +41,12 @@ class Selector(ABC):
     def rank(self, start_ts: int, candidates: Sequence[Candidate]) -> list[str]:
         """Node ids of `candidates` (sorted by node id), most preferred first."""
 
+    def first(self, start_ts: int, candidates: Sequence[Candidate]) -> str | None:
+        """rank()[0] (None without candidates), with the same effect on the selector's state;
+        selectors override it to skip building the whole ranking on the hot path."""
+        ranked = self.rank(start_ts, candidates)
+        return ranked[0] if ranked else None
+
 
 class RangeSelector(Selector):
     name = "range"
@@ -54,6 +60,11 @@ class RangeSelector(Selector):
         i = next(self._next) % len(candidates)
         ids = [c.node_id for c in candidates]
         return ids[i:] + ids[:i]
+
+    def first(self, start_ts: int, candidates: Sequence[Candidate]) -> str | None:
+        if not candidates:
+            return None
+        return candidates[next(self._next) % len(candidates)].node_id
 
 
 def mix64(x: int) -> int:
@@ -73,6 +84,11 @@ class HashSelector(Selector):
         i = mix64(start_ts) % len(candidates)
         ids = [c.node_id for c in candidates]
         return ids[i:] + ids[:i]
+
+    def first(self, start_ts: int, candidates: Sequence[Candidate]) -> str | None:
+        if not candidates:
+            return None
+        return candidates[mix64(start_ts) % len(candidates)].node_id
 
 
 class ScoreSelector(Selector):

@@ -3,11 +3,17 @@
 Each process declares its config as a dataclass (nested dataclasses for TOML tables). Loading
 checks every key and type and raises ConfigError with one line naming the file and the key, e.g.
 `pump.toml: unknown key 'max-binlog-sise' in [storage] (did you mean 'max-binlog-size'?)`.
+
+Secrets: a key named `password` (or ending in `-password`) may say `env:NAME` (the value of the
+environment variable NAME) or `file:PATH` (the file's content, one trailing newline removed), so
+TOML files, `--set` flags and process listings need not carry the secret. The value is resolved
+at load time and never appears in an error message.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import tomllib
 import types
 import typing
@@ -108,12 +114,40 @@ def _build(cls: type[T], data: dict[str, Any], where: _Where | str, path: tuple[
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"{where.source((*path, key))}: unknown key '{key}'{table}{hint}")
+        if is_secret(f.name):
+            value = resolve_secret(value, where.key((*path, key), _show((*path, key))))
         kwargs[f.name] = _convert(value, hints[f.name], where, (*path, key))
     for key, f in fields.items():
         if (f.name not in kwargs and f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING):  # type: ignore[misc]
             raise ConfigError(f"{where.source((*path, key))}: missing required key '{key}'{table}")
     return cls(**kwargs)
+
+
+SECRET_ENV, SECRET_FILE = "env:", "file:"
+
+
+def is_secret(field_name: str) -> bool:
+    return field_name == "password" or field_name.endswith("_password")
+
+
+def resolve_secret(value: Any, what: str) -> Any:
+    """`env:NAME` / `file:PATH` -> the secret; anything else unchanged. Errors never show it."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{what}: expected a string (or env:NAME / file:PATH)")
+    if value.startswith(SECRET_ENV):
+        name = value[len(SECRET_ENV):]
+        if name not in os.environ:
+            raise ConfigError(f"{what}: environment variable {name!r} is not set")
+        return os.environ[name]
+    if value.startswith(SECRET_FILE):
+        file = value[len(SECRET_FILE):]
+        try:
+            text = Path(file).read_text()
+        except OSError as e:
+            raise ConfigError(f"{what}: cannot read secret file {file!r}: {e.strerror}") from None
+        return text[:-1] if text.endswith("\n") else text
+    return value
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

@@ -112,3 +112,32 @@ def to_sluice_error(e: grpc.RpcError) -> errors.SluiceError:
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = e.details() if hasattr(e, "details") else str(e)
     return errors.from_status(code, details or "")
+
+
+def _passthrough(message: Any) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_service_with_raw_stream(service: Any, server: grpc.aio.Server, name: str,
+                                raw_method: str = "PullBinlogs") -> None:
+    """Register `sluice.v1.<name>` like the generated `add_<name>Servicer_to_server`, except that
+    `raw_method`'s streamed responses may be yielded already serialized (bytes): the read paths
+    frame stored payloads straight into response bytes, and re-encoding them as messages cost
+    most of their time."""
+    from sluice.proto import sluice_pb2 as pb
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name[name].methods:
+        req = getattr(pb, method.input_type.name)
+        resp = getattr(pb, method.output_type.name)
+        fn = getattr(service, method.name)
+        if method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                fn, request_deserializer=req.FromString,
+                response_serializer=_passthrough if method.name == raw_method
+                else resp.SerializeToString)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString)
+    full = f"sluice.v1.{name}"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full, handlers),))
+    server.add_registered_method_handlers(full, handlers)

@@ -13,6 +13,8 @@
     txn-status START_TS [--producer ID]     what each pump and the producer know of a transaction
     resolve-txn START_TS [--commit-ts TS | --rollback] [--producer ID]
     generate-meta [--data-dir DIR]          initial commit ts for a drainer after a full dump
+    snapshot execute|stop|pause|resume|status --producer ID [--tables RE,...] [--condition SQL]
+    verify --source DSN --target DSN|--spark-config TOML   chunked source vs sink comparison
 
 Invariant: every expected failure ends in one line on stderr and exit code 1 (runtime: etcd, a
 pump, the TSO or a producer unreachable) or 2 (bad usage or input, or a refusal the command can
@@ -29,7 +31,8 @@ from collections.abc import Callable
 from sluice.core import errors
 from sluice.core import log as logsetup
 
-from . import checkpoints, meta, nodes, txns
+from . import checkpoints, meta, nodes, txns, verify
+from . import snapshots
 from .context import ENV_CLUSTER_ID, ENV_ETCD, Ctx, exit_code, load_config
 
 Handler = Callable[[Ctx, argparse.Namespace], int]
@@ -74,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     checkpoints.add_commands(sub, common)
     meta.add_commands(sub, common)
     txns.add_commands(sub, common)
+    snapshots.add_commands(sub, common)
+    verify.add_commands(sub, common)
 
 
 def execute(args: argparse.Namespace, out=None, err=None) -> int:  # type: ignore[no-untyped-def]

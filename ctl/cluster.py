@@ -5,7 +5,8 @@ Spark drainers, MariaDB, drainers, capture), writes each process's TOML into the
 starts every process detached (its own session, so `up` returns and a Ctrl-C in the shell does
 not reach them) with its own data dir and log file, and waits until each is healthy before the
 next starts: etcd answers, every TSO answers (one is the leader), pumps and drainers are online
-and alive in the registry. The state file (`cluster.json`) records every pid, its command line,
+and alive in the registry, a standby drainer (`standby = true`: both instances run with
+`ha = true`) waits with its standby key alive in etcd. The state file (`cluster.json`) records every pid, its command line,
 its start time and the ports.
 
 Invariant: `down` signals only the processes this cluster started, each by its recorded pid and
@@ -128,7 +129,15 @@ def running(r: Recorded) -> bool:
         p = psutil.Process(r.pid)
         if p.status() == psutil.STATUS_ZOMBIE:
             return False
-        return p.cmdline() == r.argv and abs(p.create_time() - r.create_time) < 1.0
+        if abs(p.create_time() - r.create_time) >= 1.0:
+            return False
+        argv = p.cmdline()
+        if not argv:
+            # /proc/<pid>/cmdline reads empty for a moment around exec and under memory
+            # pressure; the start time alone still tells our process from a reused pid.
+            time.sleep(0.05)
+            argv = p.cmdline() or r.argv
+        return argv == r.argv
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return False
 
@@ -150,9 +159,23 @@ def start_process(p: ProcessPlan) -> Recorded:
     # `up` returns while its children run on: they must not stay our zombies if `up` is a
     # long-lived caller (tests call it in-process too), so a thread reaps each one.
     import threading
+    _CHILDREN[popen.pid] = popen
     threading.Thread(target=popen.wait, name=f"reap-{p.name}", daemon=True).start()
     return Recorded(p.name, p.kind, popen.pid, created, list(p.argv), p.addr, p.log, p.data_dir,
                     p.config_path, p.metrics_addr, p.node_id, p.standby)
+
+
+# Children started by this process (pid -> Popen), so a start-up failure can say how it ended.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def exit_status(r: Recorded) -> str:
+    """How a child of this process ended ("exit code 1", "killed by signal 9"), or ""."""
+    popen = _CHILDREN.get(r.pid)
+    code = popen.poll() if popen is not None else None
+    if code is None:
+        return ""
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
 def stop_process(r: Recorded, timeout: float) -> str:
@@ -243,7 +266,19 @@ class Health:
         k = {"pump": NodeKind.PUMP, "drainer": NodeKind.DRAINER, "capture": NodeKind.PRODUCER}[kind]
         return self.registry.get(k, node_id)
 
+    def drainer_role(self, r: Recorded) -> str:
+        """An HA drainer instance's role: 'active' (it holds the leader key), 'standby' (its
+        standby key is alive) or 'waiting' (neither yet: starting, or stopped)."""
+        from sluice.drainer.ha import list_standbys, read_leader
+        leader = read_leader(self.registry, r.node_id)
+        if leader is not None and leader.addr == r.addr:
+            return "active"
+        return "standby" if r.addr in list_standbys(self.registry, r.node_id) else "waiting"
+
     def healthy(self, r: Recorded) -> bool:
+        if r.kind == "drainer" and r.standby:
+            # A standby serves nothing until it takes over; it is healthy once it waits in etcd.
+            return self.drainer_role(r) in ("standby", "active")
         if r.kind == "etcd":
             return self.etcd_ready()
         if r.kind == "tso":
@@ -279,7 +314,9 @@ def wait_healthy(r: Recorded, check: Callable[[], bool], timeout: float, what: s
     last = ""
     while True:
         if not running(r):
-            raise Unavailable(f"{r.name} exited during start-up; last lines of {r.log}:\n"
+            how = exit_status(r)
+            raise Unavailable(f"{r.name} exited during start-up{f' ({how})' if how else ''}; "
+                              f"last lines of {r.log}:\n"
                               + "\n".join(tail(r.log, 15)))
         try:
             if check():
@@ -298,12 +335,13 @@ def wait_healthy(r: Recorded, check: Callable[[], bool], timeout: float, what: s
 def mariadb_install(p: ProcessPlan) -> bool:
     """Initialise the datadir if it is new; True when it was."""
     data = Path(p.data_dir)
+    tmp = data.parent.parent / "run" / "tmp"     # mariadb_plan's --tmpdir
+    tmp.mkdir(parents=True, exist_ok=True)
     if (data / "mysql").exists():
         return False
     data.mkdir(parents=True, exist_ok=True)
-    (data.parent.parent / "run").mkdir(parents=True, exist_ok=True)
     argv = ["mariadb-install-db", "--no-defaults", f"--datadir={data}",
-            "--auth-root-authentication-method=normal", "--skip-test-db"]
+            "--auth-root-authentication-method=normal", "--skip-test-db", f"--tmpdir={tmp}"]
     if os.geteuid() == 0:
         argv.append("--user=root")
     out = subprocess.run(argv, capture_output=True, text=True, timeout=180)
@@ -380,7 +418,13 @@ def _port_free(host: str, port: int) -> bool:
 
 
 def cmd_up(args: argparse.Namespace, layout: Layout) -> int:
-    spec = load_spec(args.config, args.overrides)
+    return up(layout, args.config, args.overrides)
+
+
+def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
+    """Start the cluster of `config` (+ overrides) in layout and wait until every process is
+    healthy; on a failure stop what was started and return 1. `sluice demo` runs this too."""
+    spec = load_spec(config, overrides)
     old = read_state(layout)
     if old is not None:
         alive = [r.name for r in old.processes if running(r)]
@@ -450,17 +494,23 @@ def _start_one(p: ProcessPlan, spec: ClusterSpec, layout: Layout, state: State,
         what = {"etcd": "ready", "tso": "answering GetTS", "pump": "online and alive",
                 "drainer": "online and alive", "capture": "streaming"}.get(p.kind, "listening")
         if p.standby:
-            what = "listening"
+            what = "waiting as standby"
         wait_healthy(r, lambda: health.healthy(r), t, what)
     print(f"  {p.name:<16} pid {r.pid:<7} {p.addr}")
 
 
 def cmd_down(args: argparse.Namespace, layout: Layout) -> int:
+    return down(layout)
+
+
+def down(layout: Layout, quiet: bool = False) -> int:
+    """Stop every process the cluster in layout started (0: none is left)."""
     state = read_state(layout)
     if state is None:
-        print(f"no cluster in {layout.root}")
+        if not quiet:
+            print(f"no cluster in {layout.root}")
         return 0
-    return _down(layout, state, state.stop_timeout)
+    return _down(layout, state, state.stop_timeout, quiet)
 
 
 def _down(layout: Layout, state: State, timeout: float, quiet: bool = False) -> int:
@@ -496,8 +546,11 @@ def _rows(state: State, health: Health) -> list[dict[str, Any]]:
                 row["state"] = health.tso_role(r) if up else "down"
             elif r.kind in ("pump", "drainer", "capture"):
                 info = health.node(r.kind, r.node_id)
-                if r.standby:
-                    row["state"] = "standby"
+                role = health.drainer_role(r) if r.kind == "drainer" and _is_ha(r) else ""
+                if role:
+                    row["role"] = role
+                if role in ("standby", "waiting"):
+                    row["state"] = role if up else "down"
                 elif info is not None:
                     row["state"], row["alive"] = info.state.value, info.alive
                     if r.kind == "drainer":
@@ -513,6 +566,29 @@ def _rows(state: State, health: Health) -> list[dict[str, Any]]:
     return rows
 
 
+def _is_ha(r: Recorded) -> bool:
+    """A drainer run as a member of an HA group (`standby = true` in its [[drainers]])."""
+    if r.standby:
+        return True
+    try:
+        import tomllib
+        return bool(tomllib.loads(Path(r.config_path).read_text()).get("ha", False))
+    except (OSError, ValueError):
+        return False
+
+
+def status_rows(layout: Layout) -> list[dict[str, Any]]:
+    """`sluice cluster status --json`'s rows for the cluster in layout ([] when none runs)."""
+    state = read_state(layout)
+    if state is None or not state.processes:
+        return []
+    health = Health(state)
+    try:
+        return _rows(state, health)
+    finally:
+        health.close()
+
+
 def _print_status(state: State, health: Health, as_json: bool) -> list[dict[str, Any]]:
     rows = _rows(state, health)
     if as_json:
@@ -520,7 +596,8 @@ def _print_status(state: State, health: Health, as_json: bool) -> list[dict[str,
                          indent=2))
         return rows
     cols = ("process", "pid", "running", "state", "alive", "address", "lag")
-    shown = [[_cell(row[c], c) for c in cols] for row in rows]
+    shown = [[_cell(f"{row[c]} ({row['role']})" if c == "state" and row.get("role") == "active"
+                    else row[c], c) for c in cols] for row in rows]
     widths = [max(len(c), *(len(s[i]) for s in shown)) if shown else len(c)
               for i, c in enumerate(cols)]
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)).rstrip())

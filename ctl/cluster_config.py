@@ -29,6 +29,7 @@ from typing import Any
 from sluice.core import config as cfgmod
 from sluice.core.errors import ConfigError
 from sluice.core.tls import SecurityConfig
+from sluice.spark_sink.metastore import server_argv
 
 # process kind -> "module:ConfigClass". A module that is not in this build yet is skipped by
 # the docs and refused by the cluster with a clear message.
@@ -47,7 +48,6 @@ SINK_CONFIG_SUFFIX = "Config"
 SINK_CONFIGS: dict[str, str] = {"spark": "sluice.spark_sink.config:SparkSinkConfig"}
 
 DERBY_JARS = ("derby.jar", "derbynet.jar")
-DERBY_MAIN = "org.apache.derby.drda.NetworkServerControl"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +173,9 @@ class DrainerSpec:
     # The sink's `[to]` options. Strings may use {dir} (the cluster dir), {data} (this
     # drainer's data dir), {mariadb-port}, {metastore} (host:port of the Derby server).
     to: dict[str, Any] = field(default_factory=dict)
-    standby: bool = False              # also run a standby with the same name (drainer HA)
+    # Also run a standby with the same name: both get `ha = true` (drainer HA, DESIGN §6); the
+    # standby takes over when the active one stops or dies.
+    standby: bool = False
     config: dict[str, Any] = field(default_factory=dict)   # extra keys for this drainer.toml
 
 
@@ -282,8 +284,7 @@ def derby_classpath(spec: MetastoreSpec) -> str:
 
 def metastore_argv(spec: MetastoreSpec, home: Path, host: str, port: int) -> tuple[str, ...]:
     """The Derby network server as spark_sink.metastore.DerbyServer starts it (docs/spark.md)."""
-    return (spec.java, f"-Dderby.system.home={home}", "-Xmx256m", "-cp", derby_classpath(spec),
-            DERBY_MAIN, "start", "-h", host, "-p", str(port), "-noSecurityManager")
+    return tuple(server_argv(spec.java, home, derby_classpath(spec), host, port))
 
 
 # `[to]` of a drainer whose spec gives none: everything under the drainer's data dir.
@@ -390,13 +391,12 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
         conf = _deep_merge({"cluster-id": spec.cluster_id, "name": d.name, "addr": addr,
                             "etcd": etcd_addr, "tso": tso_addrs, "metrics-addr": metrics,
                             "sink": d.sink, "to": to}, _substitute(d.config, tokens))
+        if d.standby:
+            # Both instances are members of one HA group (same name, same sink files): the
+            # first one `up` starts becomes the active one, the other waits as its standby.
+            conf = {**conf, "ha": True}
         out.append(sluice("drainer", d.name, conf, addr, metrics, node_id=d.name, data_dir=str(data)))
         if d.standby:
-            drainer_cls = config_class("drainer")
-            names = {f.name for f in dataclasses.fields(drainer_cls)} if drainer_cls else set()
-            if not names & {"standby", "ha"}:
-                raise ConfigError(f"drainer {d.name}: standby = true needs drainer HA, which is "
-                                  "not part of this build yet; remove `standby`")
             name = f"{d.name}-standby"
             s_addr, s_metrics = f"{h}:{port(name)}", f"{h}:{port(name + '-metrics')}"
             out.append(sluice("drainer", name, {**conf, "addr": s_addr, "metrics-addr": s_metrics},
@@ -423,7 +423,7 @@ def mariadb_plan(spec: ClusterSpec, layout: Layout, port: str) -> ProcessPlan:
     run = layout.root / "run"
     argv = ["mariadbd", "--no-defaults", f"--datadir={data}", f"--port={port}",
             f"--bind-address={spec.host}", f"--socket={run / 'mariadb.sock'}",
-            f"--pid-file={run / 'mariadb.pid'}", "--skip-name-resolve",
+            f"--pid-file={run / 'mariadb.pid'}", f"--tmpdir={run / 'tmp'}", "--skip-name-resolve",
             "--character-set-server=utf8mb4", "--collation-server=utf8mb4_general_ci",
             "--max-allowed-packet=256M", f"--server-id={spec.mariadb.server_id}",
             "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=48M",

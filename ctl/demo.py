@@ -1,168 +1,601 @@
-"""`sluice demo`: a local cluster started, exercised and stopped in one command.
+"""`sluice demo`: the whole pipeline, MariaDB to Spark, started, loaded, verified and stopped.
 
-For now it shows the TSO (DESIGN §2.1): etcd and two `sluice tso` servers start as child processes
-in a temporary directory on free ports; timestamps are requested through the batching client;
-the leader is killed with SIGKILL; the standby takes over and timestamps keep increasing. Later
-issues grow this into the full pipeline. The demo stops every process it started, by pid, and
-exits 0 only when everything it checked held.
+It starts a local cluster through `sluice cluster up`'s own code (etcd, 2 TSOs, 2 pumps, the
+Derby metastore, a Spark drainer and its standby, a local MariaDB and the capture) in a fresh
+directory, creates a sample `shop` schema, runs a workload (sysbench `oltp_write_only` when
+installed, plus a built-in shop generator) with a live progress line, writes a probe row once
+the workload stops and waits until the Spark tables show it, then compares every source table
+with its Spark current-state view row for row (`sluice ctl verify`'s library).
+
+Invariant: the demo exits 0 only when every source table equals its Spark view; and it stops
+every process it started (`sluice cluster down`, by recorded pid) on every way out — success,
+failure, Ctrl-C — unless `--keep` is given; on a failure the logs stay and their path is printed.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import decimal
 import os
+import random
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sluice.core import ts as tsmod
-from sluice.core.errors import ConfigError, EtcdUnavailable
-from sluice.core.etcd import Etcd
-from sluice.core.tso_client import LeaderInfo, SyncTSOClient, read_leader
+from sluice.core.errors import ConfigError, SluiceError, Unavailable
 
-CLUSTER_ID = 1
-LEASE_TTL = 2
+from . import cluster, verify
+from .cluster_config import Layout, to_toml
+
+SHOP = "shop"
+PROBE_DB = "sluice_demo"
+SYSBENCH_DB = "sbtest"
+DRAINER = "spark"
+ROOT_PASSWORD = "sluice-root"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", help="cluster directory (default: a new temporary directory)")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave the cluster running (and its directory) when the demo ends")
+    parser.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
+                        help="how long the workload runs (default 60)")
     parser.add_argument("--short", action="store_true",
-                        help="fewer timestamps and no pauses (for tests and CI)")
-    parser.add_argument("--keep-dir", action="store_true",
-                        help="keep the temporary directory with the logs")
+                        help="~10 s of the built-in generator on small tables (tests and CI)")
+    parser.add_argument("--show-failover", action="store_true",
+                        help="kill -9 the TSO leader mid-workload and show the standby take over")
+    parser.add_argument("--no-sysbench", action="store_true",
+                        help="use only the built-in generator even when sysbench is installed")
+    parser.add_argument("--wait-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="how long to wait for the Spark tables to catch up (default 300)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# ---------------------------------------------------------------------------------------------
+# The cluster the demo runs
+# ---------------------------------------------------------------------------------------------
+
+def demo_spec(short: bool) -> dict[str, Any]:
+    """The cluster TOML of the demo (a `sluice cluster up --config` file)."""
+    return {
+        "cluster-id": 1,
+        # A Spark drainer opens a JVM and, on a fresh metastore, creates the catalog schema.
+        "start-timeout": 900.0,
+        "stop-timeout": 15.0,
+        "tso": {"count": 2, "lease-ttl": 3},
+        "pump": {"count": 2, "config": {
+            "heartbeat-interval": 1.0, "pull-heartbeat-interval": 0.5,
+            "storage": {"stop-write-at-available-space": 256 << 20}}},
+        "drainers": [{
+            "name": DRAINER, "sink": "spark", "standby": True,
+            "to": {"root": "{data}/spark", "warehouse": "{data}/warehouse",
+                   "metastore": "{metastore}", "master": "local[2]", "shuffle-partitions": 2,
+                   "batch-interval": 2.0 if short else 3.0, "batch-rows": 20_000,
+                   "spark-conf": {"spark.ui.showConsoleProgress": "false",
+                                  "spark.driver.memory": "768m"}},
+            # A generous lease: a JVM-heavy drainer on a busy machine must not lose it to a
+            # late keepalive (the standby would then start a second Spark session).
+            "config": {"alive-ttl": 10, "ha-margin": 1.0, "checkpoint-interval": 1.0},
+        }],
+        "mariadb": {"enabled": True, "root-password": ROOT_PASSWORD},
+        "capture": {"enabled": True, "config": {
+            "filter": {"include-databases": [SHOP, SYSBENCH_DB, PROBE_DB]}}},
+    }
 
 
-class _Child:
-    """A process the demo started; stopped by its own pid only."""
+# ---------------------------------------------------------------------------------------------
+# The sample schema and the built-in generator
+# ---------------------------------------------------------------------------------------------
 
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
-        self.name = name
-        with open(log_path, "ab") as log:
-            self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
+SCHEMA = [
+    f"CREATE DATABASE IF NOT EXISTS {SHOP} CHARACTER SET utf8mb4",
+    f"""CREATE TABLE {SHOP}.customers (
+        id INT PRIMARY KEY, name VARCHAR(64) CHARACTER SET utf8mb4 NOT NULL,
+        email VARCHAR(128), balance DECIMAL(12,2) NOT NULL DEFAULT 0,
+        created DATETIME(6) NOT NULL, vip TINYINT NOT NULL DEFAULT 0)""",
+    f"""CREATE TABLE {SHOP}.orders (
+        id BIGINT PRIMARY KEY, customer_id INT NOT NULL, total DECIMAL(14,2) NOT NULL,
+        status VARCHAR(16) NOT NULL, placed DATETIME(6) NOT NULL,
+        note VARCHAR(200) CHARACTER SET utf8mb4)""",
+    # A composite primary key, whose rows also change key (line renumbering).
+    f"""CREATE TABLE {SHOP}.order_items (
+        order_id BIGINT NOT NULL, line SMALLINT NOT NULL, sku VARCHAR(16) NOT NULL,
+        qty INT NOT NULL, price DECIMAL(10,2) NOT NULL, PRIMARY KEY (order_id, line))""",
+    # Update-heavy: every order moves stock.
+    f"""CREATE TABLE {SHOP}.inventory (
+        sku VARCHAR(16) PRIMARY KEY, stock INT NOT NULL, reserved INT NOT NULL DEFAULT 0,
+        updated DATETIME(6) NOT NULL)""",
+    f"CREATE DATABASE IF NOT EXISTS {PROBE_DB}",
+    f"CREATE TABLE {PROBE_DB}.probe (id INT PRIMARY KEY, written DATETIME(6) NOT NULL)",
+]
+
+NAMES = ["Zoë Åström", "José Núñez", "Łukasz Żółć", "Søren Kierkegård", "Chloé Dubois",
+         "Ærin Ødegård", "François Müller", "山田 太郎", "Мария Иванова", "Ngozi Okafor",
+         "Aroha Ngata", "Dvořák Antonín", "O'Brien", "Ñandú Peña", "😀 Emoji Fan"]
+NOTES = [None, "leave at the door", "fragile — handle with care", "gift wrap 🎁",
+         "livraison rapide", "Zustellung nach 18 Uhr", "配達は午前中"]
+
+
+class ShopGenerator:
+    """Random shop transactions: new customers, orders with items, stock updates, cancellations
+    (deletes), line renumbering (primary-key changes), balance changes."""
+
+    def __init__(self, connect: Callable[[], Any], seed: int, customers: int, skus: int) -> None:
+        self.connect = connect
+        self.rng = random.Random(seed)
+        self.customers = customers
+        self.skus = [f"SKU-{i:05d}" for i in range(skus)]
+        self.next_customer = customers + 1
+        self.next_order = 1
+        self.orders: list[int] = []
+        self.committed = 0
+        self.error: BaseException | None = None
+
+    def now(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()) + f".{self.rng.randrange(10**6):06d}"
+
+    def load(self) -> None:
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    f"INSERT INTO {SHOP}.customers (id, name, email, balance, created) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    [(i, self.rng.choice(NAMES), f"user{i}@example.com",
+                      decimal.Decimal(self.rng.randrange(0, 100000)) / 100, self.now())
+                     for i in range(1, self.customers + 1)])
+                cur.executemany(
+                    f"INSERT INTO {SHOP}.inventory (sku, stock, updated) VALUES (%s, %s, %s)",
+                    [(s, self.rng.randrange(100, 1000), self.now()) for s in self.skus])
+            conn.commit()
+        finally:
+            conn.close()
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            conn = self.connect()
+            try:
+                while not stop.is_set():
+                    with conn.cursor() as cur:
+                        self.transaction(cur)
+                    conn.commit()
+                    self.committed += 1
+            finally:
+                conn.close()
+        except Exception as e:  # noqa: BLE001 - reported by the demo; the run still verifies
+            self.error = e
+
+    def transaction(self, cur: Any) -> None:
+        r = self.rng.random()
+        if r < 0.40 or not self.orders:
+            self.place_order(cur)
+        elif r < 0.55:
+            sku = self.rng.choice(self.skus)
+            cur.execute(f"UPDATE {SHOP}.inventory SET stock = stock + %s, updated = %s "
+                        "WHERE sku = %s", (self.rng.randrange(1, 50), self.now(), sku))
+        elif r < 0.65:
+            oid = self.rng.choice(self.orders)
+            cur.execute(f"UPDATE {SHOP}.orders SET status = %s, note = %s WHERE id = %s",
+                        (self.rng.choice(["paid", "shipped", "delivered"]),
+                         self.rng.choice(NOTES), oid))
+        elif r < 0.72:
+            # Renumber an order's lines: a primary-key change of the composite key.
+            oid = self.rng.choice(self.orders)
+            cur.execute(f"UPDATE {SHOP}.order_items SET line = line + 100 WHERE order_id = %s "
+                        "ORDER BY line DESC", (oid,))
+        elif r < 0.80:
+            oid = self.orders.pop(self.rng.randrange(len(self.orders)))
+            cur.execute(f"DELETE FROM {SHOP}.order_items WHERE order_id = %s", (oid,))
+            cur.execute(f"DELETE FROM {SHOP}.orders WHERE id = %s", (oid,))
+        elif r < 0.90:
+            cid = self.rng.randrange(1, self.next_customer)
+            cur.execute(f"UPDATE {SHOP}.customers SET balance = balance + %s, vip = %s "
+                        "WHERE id = %s",
+                        (decimal.Decimal(self.rng.randrange(-500, 5000)) / 100,
+                         self.rng.randrange(2), cid))
+        elif r < 0.96:
+            cid = self.next_customer
+            self.next_customer += 1
+            cur.execute(f"INSERT INTO {SHOP}.customers (id, name, email, balance, created) "
+                        "VALUES (%s, %s, %s, %s, %s)",
+                        (cid, self.rng.choice(NAMES), None, decimal.Decimal("0.00"), self.now()))
+        else:
+            cid = self.rng.randrange(1, self.next_customer)
+            cur.execute(f"DELETE FROM {SHOP}.customers WHERE id = %s AND id NOT IN "
+                        f"(SELECT customer_id FROM {SHOP}.orders)", (cid,))
+
+    def place_order(self, cur: Any) -> None:
+        oid = self.next_order
+        self.next_order += 1
+        lines = [(oid, n + 1, self.rng.choice(self.skus), self.rng.randrange(1, 5),
+                  decimal.Decimal(self.rng.randrange(99, 99999)) / 100)
+                 for n in range(self.rng.randrange(1, 4))]
+        total = sum((q * p for _, _, _, q, p in lines), decimal.Decimal(0))
+        cur.execute(f"INSERT INTO {SHOP}.orders VALUES (%s, %s, %s, 'new', %s, %s)",
+                    (oid, self.rng.randrange(1, self.next_customer), total, self.now(),
+                     self.rng.choice(NOTES)))
+        cur.executemany(f"INSERT INTO {SHOP}.order_items VALUES (%s, %s, %s, %s, %s)", lines)
+        for _, _, sku, qty, _ in lines:
+            cur.execute(f"UPDATE {SHOP}.inventory SET stock = stock - %s, reserved = reserved "
+                        "+ %s, updated = %s WHERE sku = %s", (qty, qty, self.now(), sku))
+        self.orders.append(oid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress
+# ---------------------------------------------------------------------------------------------
+
+def scrape(addr: str, name: str) -> float | None:
+    """The sum of a Prometheus metric's samples at http://addr/metrics (None: unreachable)."""
+    if not addr:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://{addr}/metrics", timeout=1) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in (" ", "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@dataclass
+class Progress:
+    """The numbers of one progress line."""
+
+    source_txns: int = 0
+    captured: int = 0
+    pump_binlogs: int = 0
+    applied_txns: int = 0
+    checkpoint: int = 0
+    lag: float = 0.0
+
+
+@dataclass
+class Demo:
+    layout: Layout
+    args: argparse.Namespace
+    state: Any = None
+    db: Any = None                     # pymysql connection (progress, probe)
+    db_lock: threading.Lock = field(default_factory=threading.Lock)
+    health: Any = None                 # cluster.Health, opened by the first progress line
+    commits_at_start: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    # -- the source --------------------------------------------------------------------------
 
     @property
-    def pid(self) -> int:
-        return self.popen.pid
+    def mariadb_addr(self) -> str:
+        return self.state.find("mariadb").addr
 
-    def kill9(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
-        self.popen.wait(10)
+    def source_dsn(self) -> str:
+        return f"mysql://root:{ROOT_PASSWORD}@{self.mariadb_addr}"
 
-    def stop(self) -> None:
-        if self.popen.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(self.pid, signal.SIGKILL)
-            self.popen.wait(10)
+    def connect(self) -> Any:
+        import pymysql
+        host, _, port = self.mariadb_addr.rpartition(":")
+        return pymysql.connect(host=host, port=int(port), user="root", password=ROOT_PASSWORD,
+                               charset="utf8mb4", autocommit=False, connect_timeout=10)
+
+    def binlog_commits(self) -> int:
+        with self.db_lock, self.db.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Binlog_commits'")
+            row = cur.fetchone()
+        return int(row[1]) if row else 0
+
+    # -- progress ----------------------------------------------------------------------------
+
+    def progress(self) -> Progress:
+        p = Progress()
+        with contextlib.suppress(Exception):
+            p.source_txns = self.binlog_commits() - self.commits_at_start
+        cap = self.state.find("capture")
+        p.captured = int(scrape(cap.metrics_addr, "sluice_capture_transactions_total") or 0)
+        p.pump_binlogs = int(sum(scrape(r.metrics_addr, "sluice_pump_binlogs_written_total") or 0
+                                 for r in self.state.processes if r.kind == "pump"))
+        p.applied_txns = int(sum(scrape(r.metrics_addr, "sluice_drainer_txns_total") or 0
+                                 for r in self.state.processes if r.kind == "drainer"))
+        with contextlib.suppress(Exception):
+            if self.health is None:
+                self.health = cluster.Health(self.state)
+            info = self.health.node("drainer", DRAINER)
+            p.checkpoint = info.status.checkpoint if info is not None else 0
+        p.lag = tsmod.lag_seconds(p.checkpoint) if p.checkpoint else 0.0
+        return p
+
+    def line(self, phase: str) -> str:
+        p = self.progress()
+        lag = f"{p.lag:6.1f}s" if p.checkpoint else "     -"
+        return (f"[{time.monotonic() - self.started:5.0f}s] {phase:<9} source {p.source_txns:>6} "
+                f"txns | captured {p.captured:>6} | in pumps {p.pump_binlogs:>7} binlogs | "
+                f"to Spark {p.applied_txns:>6} txns | lag {lag}")
+
+    def progress_loop(self, stop: threading.Event, phase: Callable[[], str]) -> None:
+        every = 1.0 if sys.stdout.isatty() else (2.0 if self.args.short else 5.0)
+        while not stop.wait(every):
+            with contextlib.suppress(Exception):
+                print(self.line(phase()), flush=True)
 
 
-def _show(label: str, ts: int) -> None:
-    when = tsmod.to_datetime(ts).strftime("%H:%M:%S.%f")[:-3]
-    print(f"  {label:<8} ts={ts}  physical={when}Z  logical={tsmod.logical(ts)}")
-
-
-def _wait_leader(etcd: Etcd, timeout: float, not_name: str | None = None) -> LeaderInfo:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with contextlib.suppress(EtcdUnavailable):
-            info = read_leader(etcd, CLUSTER_ID)
-            if info is not None and info.name != not_name:
-                return info
-        time.sleep(0.05)
-    raise EtcdUnavailable(f"no TSO leader elected within {timeout:.0f}s")
-
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> int:
-    if shutil.which("etcd") is None:
-        raise ConfigError("etcd binary not found on PATH (install etcd-server, e.g. "
-                          "`apt-get install etcd-server`)")
-    tmp = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
-    children: list[_Child] = []
+    if args.short:
+        args.duration = min(args.duration, 10.0)
+    if args.duration <= 0:
+        raise ConfigError(f"--duration must be > 0, got {args.duration}")
+    for binary in ("etcd", "mariadbd", "java"):
+        if shutil.which(binary) is None:
+            raise ConfigError(f"`{binary}` not found on PATH: run ./install.sh (or `make demo`)")
+    own_dir = not args.dir
+    root = Path(args.dir or tempfile.mkdtemp(prefix="sluice-demo-")).resolve()
+    layout = Layout(root)
+    demo = Demo(layout, args)
+    ok = False
     try:
-        return _demo(args, tmp, children)
+        ok = _run(demo)
+        return 0 if ok else 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", flush=True)
+        return 130
+    except SluiceError as e:
+        print(f"sluice demo: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
-        for child in reversed(children):
-            child.stop()
-        if args.keep_dir:
-            print(f"logs kept in {tmp}")
+        for closing in (demo.db, demo.health):
+            if closing is not None:
+                with contextlib.suppress(Exception):
+                    closing.close()
+        _stop_verify_session()
+        if args.keep:
+            print(f"\nthe cluster keeps running in {root}:\n"
+                  f"  sluice cluster status --dir {root}\n  sluice cluster down --dir {root}")
         else:
-            shutil.rmtree(tmp, ignore_errors=True)
+            print("stopping the cluster", flush=True)
+            left = cluster.down(layout, quiet=True)
+            if left:
+                print(f"sluice demo: some processes did not stop; see `sluice cluster status "
+                      f"--dir {root}`", file=sys.stderr)
+            if ok and own_dir:
+                shutil.rmtree(root, ignore_errors=True)
+            else:
+                print(f"logs kept in {root / 'logs'}")
 
 
-def _demo(args: argparse.Namespace, tmp: Path, children: list[_Child]) -> int:
-    per_phase = 3 if args.short else 8
-    client_port, peer_port = _free_port(), _free_port()
-    endpoint = f"127.0.0.1:{client_port}"
-    print(f"starting etcd on {endpoint} (data in {tmp})")
-    children.append(_Child("etcd", [
-        "etcd", "--name", "demo", "--data-dir", str(tmp / "etcd"),
-        "--listen-client-urls", f"http://{endpoint}", "--advertise-client-urls", f"http://{endpoint}",
-        "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-        "--initial-cluster", f"demo=http://127.0.0.1:{peer_port}", "--log-level", "warn",
-    ], tmp / "etcd.log"))
-    etcd = Etcd(endpoint, timeout=2)
+_SESSION: dict[str, Any] = {}
+
+
+def _warm_spark(conf_path: str) -> None:
+    """Start this process's SparkSession (20-40 s under load) while the workload runs."""
     try:
-        etcd.wait_ready(20)
-        tsos: dict[str, _Child] = {}
-        for name in ("tso-a", "tso-b"):
-            addr = f"127.0.0.1:{_free_port()}"
-            argv = [sys.executable, "-m", "sluice.ctl.main", "tso",
-                    "--set", f"name='{name}'", "--set", f"addr='{addr}'",
-                    "--set", f"etcd='{endpoint}'", "--set", f"cluster-id={CLUSTER_ID}",
-                    "--set", f"lease-ttl={LEASE_TTL}", "--log-file", str(tmp / f"{name}.log")]
-            tsos[name] = _Child(name, argv, tmp / f"{name}.out")
-            children.append(tsos[name])
-            print(f"starting {name} on {addr} (pid {tsos[name].pid})")
-            if name == "tso-a":  # let the first one win, so the story reads the same every time
-                _wait_leader(etcd, 20)
-        leader = _wait_leader(etcd, 20)
-        print(f"{leader.name} is the TSO leader (epoch {leader.epoch}); the other one is a standby")
+        _SESSION["target"] = verify.spark_target_from(conf_path, None, None)
+    except BaseException as e:  # noqa: BLE001 - reported when the verification needs it
+        _SESSION["error"] = e
 
-        seen: list[int] = []
-        with SyncTSOClient(None, CLUSTER_ID, etcd=etcd, deadline_s=20) as client:
-            print(f"timestamps from {leader.name}:")
-            for _ in range(per_phase):
-                seen.append(client.get_ts())
-                _show("", seen[-1])
-            first, count = client.get_ts_range(1000)
-            seen.extend((first, first + count - 1))
-            _show("range", first)
-            print(f"  ... a batch of {count} ends at {first + count - 1}")
 
-            victim = tsos[leader.name]
-            print(f"kill -9 {leader.name} (pid {victim.pid}), the leader")
-            victim.kill9()
-            killed = time.monotonic()
-            seen.append(client.get_ts())     # blocks until the standby serves
-            new = _wait_leader(etcd, 20, not_name=leader.name)
-            print(f"{new.name} took over after {time.monotonic() - killed:.1f}s "
-                  f"(epoch {new.epoch}, started above the window {leader.name} persisted)")
-            _show("", seen[-1])
-            for _ in range(per_phase - 1):
-                seen.append(client.get_ts())
-                _show("", seen[-1])
+def _stop_verify_session() -> None:
+    t = _SESSION.pop("thread", None)
+    if t is not None:
+        t.join(120)
+    target = _SESSION.pop("target", None)
+    if target is not None:
+        with contextlib.suppress(Exception):
+            target.close()
 
-        if any(a >= b for a, b in zip(seen, seen[1:])):
-            print("FAILED: timestamps went backwards across the failover", file=sys.stderr)
-            return 1
-        print(f"all {len(seen)} timestamps are strictly increasing across the failover")
-        return 0
+
+def _run(demo: Demo) -> bool:
+    args, layout = demo.args, demo.layout
+    print(f"sluice demo: a local cluster in {layout.root}", flush=True)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    conf = layout.root / "demo-cluster.toml"
+    conf.write_text(to_toml(demo_spec(args.short)))
+    if cluster.up(layout, conf, []) != 0:
+        raise Unavailable("the cluster did not start (see the lines above)")
+    demo.state = cluster.read_state(layout)
+    drainer_conf = demo.state.find(DRAINER).config_path
+
+    warm = threading.Thread(target=_warm_spark, args=(drainer_conf,), name="spark-warmup",
+                            daemon=True)
+    warm.start()
+    _SESSION["thread"] = warm
+
+    demo.db = demo.connect()
+    demo.db.autocommit(True)
+    with demo.db_lock, demo.db.cursor() as cur:
+        for sql in SCHEMA:
+            cur.execute(sql)
+    small = args.short
+    gen = ShopGenerator(demo.connect, seed=11, customers=50 if small else 500,
+                        skus=30 if small else 200)
+    gen.load()
+    use_sysbench = not small and not args.no_sysbench and shutil.which("sysbench") is not None
+    host, _, port = demo.mariadb_addr.rpartition(":")
+    sysbench_base = ["sysbench", "oltp_write_only", f"--mysql-host={host}", f"--mysql-port={port}",
+                     "--mysql-user=root", f"--mysql-password={ROOT_PASSWORD}",
+                     f"--mysql-db={SYSBENCH_DB}", "--tables=2", "--table-size=2000",
+                     "--db-driver=mysql"]
+    if use_sysbench:
+        with demo.db_lock, demo.db.cursor() as cur:
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS {SYSBENCH_DB}")
+        print("sysbench oltp_write_only: preparing 2 tables of 2000 rows", flush=True)
+        _sysbench(demo, [*sysbench_base, "prepare"], 300)
+    demo.commits_at_start = demo.binlog_commits()
+
+    workload = ("sysbench oltp_write_only + the shop generator" if use_sysbench
+                else "the built-in shop generator")
+    print(f"workload: {workload} for {args.duration:.0f}s", flush=True)
+    stop_work, stop_progress = threading.Event(), threading.Event()
+    phase = ["workload"]
+    threads = [threading.Thread(target=gen.run, args=(stop_work,), name="shop", daemon=True)]
+    sysbench_proc = None
+    if use_sysbench:
+        sysbench_proc = subprocess.Popen(
+            [*sysbench_base, "--threads=2", f"--time={int(args.duration)}", "--report-interval=0",
+             "run"], stdout=open(layout.root / "logs" / "sysbench.log", "ab"),
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    ticker = threading.Thread(target=demo.progress_loop, args=(stop_progress, lambda: phase[0]),
+                              name="progress", daemon=True)
+    work_started = time.monotonic()
+    for t in threads:
+        t.start()
+    ticker.start()
+    try:
+        if args.show_failover:
+            stop_work.wait(args.duration / 2)
+            _tso_failover(demo)
+        stop_work.wait(max(0.0, args.duration - (time.monotonic() - work_started)))
+        stop_work.set()
+        for t in threads:
+            t.join(60)
+        if sysbench_proc is not None:
+            try:
+                sysbench_proc.wait(60)
+            except subprocess.TimeoutExpired:
+                sysbench_proc.kill()
+                sysbench_proc.wait(10)
+        worked = time.monotonic() - work_started
+        if gen.error is not None:
+            print(f"warning: the shop generator stopped early: {gen.error}", flush=True)
+        source_txns = demo.binlog_commits() - demo.commits_at_start
+
+        # The probe: committed after every workload transaction, so once Spark shows it, the
+        # drainer's checkpoint has passed the source's final position.
+        with demo.db_lock, demo.db.cursor() as cur:
+            cur.execute(f"INSERT INTO {PROBE_DB}.probe VALUES (1, UTC_TIMESTAMP(6))")
+        probe_at = time.monotonic()
+        phase[0] = "draining"
+        print(f"workload done: {source_txns} source transactions in {worked:.1f}s; waiting for "
+              "the probe row to show in Spark", flush=True)
+        warm.join(args.wait_timeout)
+        if "error" in _SESSION:
+            raise Unavailable(f"could not open a Spark session on the metastore: "
+                              f"{_SESSION['error']}")
+        target = _SESSION.get("target")
+        if target is None:
+            raise Unavailable("the Spark session did not start in time")
+        _wait_probe(target, args.wait_timeout)
+        print(f"the probe row is in Spark {time.monotonic() - probe_at:.1f}s after its commit",
+              flush=True)
     finally:
-        etcd.close()
+        stop_work.set()
+        stop_progress.set()
+        if sysbench_proc is not None and sysbench_proc.poll() is None:
+            sysbench_proc.kill()
+            sysbench_proc.wait(10)
+
+    print("verifying: every source table against its Spark current-state view", flush=True)
+    verify_started = time.monotonic()
+    tables = [f"{SHOP}.customers", f"{SHOP}.orders", f"{SHOP}.order_items", f"{SHOP}.inventory"]
+    if use_sysbench:
+        tables += [f"{SYSBENCH_DB}.sbtest1", f"{SYSBENCH_DB}.sbtest2"]
+    source = verify.MySQLSide(demo.source_dsn())
+    try:
+        results = verify.verify_tables(source, target, tables, chunk_rows=10_000)
+    finally:
+        source.close()
+    for line in verify.format_results(results):
+        print(line)
+    changes = _changelog_counts(target, tables)
+    elapsed = time.monotonic() - demo.started
+    rows = sum(r.rows for r in results)
+    print("\nsummary")
+    print(f"  tables verified      {len(results)} ({sum(r.ok for r in results)} match)")
+    print(f"  rows compared        {rows}")
+    per_table = ", ".join(f"{t.split('.', 1)[1]} {n}" for t, n in changes.items())
+    print(f"  changes in changelog {sum(changes.values())} ({per_table})")
+    print(f"  source transactions  {source_txns} in {worked:.1f}s "
+          f"({source_txns / worked:.0f} txn/s)")
+    print(f"  verification         {time.monotonic() - verify_started:.1f}s")
+    print(f"  elapsed              {elapsed:.1f}s")
+    print("\nnext: query the Spark tables (with --keep the cluster is still running):")
+    print(f"  sluice spark-sql --config {drainer_conf} \"SELECT * FROM {SHOP}.orders ORDER BY id "
+          "DESC LIMIT 10\"")
+    print(f"  sluice spark-sql --config {drainer_conf} \"SELECT _op, _commit_ts, id, status FROM "
+          f"{SHOP}.orders_changelog ORDER BY _commit_ts DESC, _seq DESC LIMIT 20\"")
+    print(f"  sluice ctl verify --source {verify.redact(demo.source_dsn())} --spark-config "
+          f"{drainer_conf} --tables {SHOP}.orders")
+    print(f"  sluice ctl --etcd {demo.state.etcd} drainers")
+    bad = [r for r in results if not r.ok]
+    if bad:
+        print(f"\nFAILED: {bad[0].first_difference()}", file=sys.stderr)
+        return False
+    print(f"\nOK: all {len(results)} tables match the source row for row")
+    return True
+
+
+def _sysbench(demo: Demo, argv: list[str], timeout: float) -> None:
+    with open(demo.layout.root / "logs" / "sysbench.log", "ab") as log:
+        out = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    if out.returncode != 0:
+        raise Unavailable(f"sysbench failed (exit {out.returncode}); see "
+                          f"{demo.layout.root / 'logs' / 'sysbench.log'}")
+
+
+def _wait_probe(target: verify.SparkTarget, timeout: float) -> None:
+    view = target.view(PROBE_DB, "probe")
+    end = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < end:
+        try:
+            if target.exists(PROBE_DB, "probe") and target.spark.sql(
+                    f"SELECT id FROM {view} WHERE id = 1").collect():
+                return
+        except Exception as e:  # noqa: BLE001 - the views appear with the first batch
+            last = f" (last error: {str(e).splitlines()[0][:200]})"
+        time.sleep(1.0)
+    raise Unavailable(f"the probe row did not reach Spark within {timeout:.0f}s{last}")
+
+
+def _changelog_counts(target: verify.SparkTarget, tables: list[str]) -> dict[str, int]:
+    out = {}
+    for t in tables:
+        db, name = t.split(".", 1)
+        with contextlib.suppress(Exception):
+            view = target.layout.changelog(target.layout.database(db), name)
+            out[t] = int(target.spark.sql(f"SELECT count(*) FROM {view}").collect()[0][0])
+    return out
+
+
+def _tso_failover(demo: Demo) -> None:
+    """kill -9 the TSO leader; the standby serves within the lease TTL and the pipeline goes on."""
+    health = cluster.Health(demo.state)
+    try:
+        tsos = [r for r in demo.state.processes if r.kind == "tso" and cluster.running(r)]
+        leader = next((r for r in tsos if _role(health, r) == "leader"), None)
+        if leader is None:
+            print("failover: no TSO leader found; skipped", flush=True)
+            return
+        print(f"failover: kill -9 {leader.name} (pid {leader.pid}), the TSO leader", flush=True)
+        os.kill(leader.pid, 9)
+        killed = time.monotonic()
+        others = [r for r in tsos if r is not leader]
+        end = killed + 30
+        while time.monotonic() < end:
+            new = next((r for r in others if _role(health, r) == "leader"), None)
+            if new is not None:
+                print(f"failover: {new.name} took over in {time.monotonic() - killed:.1f}s; "
+                      "timestamps keep increasing", flush=True)
+                return
+            time.sleep(0.1)
+        print("failover: no new TSO leader within 30s", flush=True)
+    finally:
+        health.close()
+
+
+def _role(health: cluster.Health, r: Any) -> str:
+    try:
+        return health.tso_role(r)
+    except Exception:  # noqa: BLE001 - a TSO that does not answer has no role
+        return ""

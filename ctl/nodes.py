@@ -80,11 +80,41 @@ def _state_changer(kind: NodeKind, state: NodeState | None):  # type: ignore[no-
 
 def list_nodes(ctx: Ctx, kind: NodeKind) -> int:
     nodes, _ = ctx.registry.list(kind)
+    waiting = live_standbys(ctx) if kind == NodeKind.DRAINER else {}
+    # The `standby` label is written by the active instance, so it is stale (or missing) exactly
+    # when an operator needs it most: after the active one died. Show the live standby keys.
+    nodes = [_with_standbys(n, waiting.pop(n.node_id, [])) if kind == NodeKind.DRAINER else n
+             for n in nodes]
     if ctx.json:
-        render.emit_json(ctx.out, [render.node_dict(n) for n in nodes])
+        rows = [render.node_dict(n) for n in nodes]
+        rows += [{"node_id": name, "kind": kind.value, "state": None, "alive": False,
+                  "standbys": addrs} for name, addrs in sorted(waiting.items())]
+        render.emit_json(ctx.out, rows)
     else:
         ctx.print(render.nodes_table(kind, nodes))
+        for name, addrs in sorted(waiting.items()):
+            ctx.print(f"drainer {name}: no active instance yet; standbys waiting at {', '.join(addrs)}")
     return 0
+
+
+def live_standbys(ctx: Ctx) -> dict[str, list[str]]:
+    """Drainer name -> addresses of its standbys whose lease-backed keys exist now."""
+    from sluice.drainer.ha import STANDBY_SEGMENT
+    prefix = ctx.registry.kind_prefix(NodeKind.DRAINER)
+    kvs, _ = ctx.registry.etcd.get_prefix(prefix)
+    out: dict[str, list[str]] = {}
+    for _, meta in kvs:
+        name, sep, addr = meta.key.decode()[len(prefix):].partition(f"/{STANDBY_SEGMENT}/")
+        if sep and addr:
+            out.setdefault(name, []).append(addr)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _with_standbys(info: NodeInfo, addrs: list[str]) -> NodeInfo:
+    labels = {k: v for k, v in info.status.labels.items() if k != "standby"}
+    if addrs:
+        labels["standby"] = ",".join(addrs)
+    return dataclasses.replace(info, status=dataclasses.replace(info.status, labels=labels))
 
 
 def change_state(ctx: Ctx, kind: NodeKind, node_id: str, state: NodeState, force: bool = False,

@@ -52,7 +52,7 @@ from sluice.drainer.sink import Checkpoint
 log = logging.getLogger(__name__)
 
 __all__ = ["DrainerFenced", "LeadershipLost", "Term", "Election", "FencedCheckpointStore",
-           "leader_key", "epoch_key", "standby_prefix", "read_leader", "read_epoch",
+           "leader_key", "epoch_key", "standby_prefix", "STANDBY_SEGMENT", "read_leader", "read_epoch",
            "list_standbys"]
 
 
@@ -69,9 +69,12 @@ def leader_key(registry: Registry, name: str) -> str:
     return f"{registry.kind_prefix(NodeKind.DRAINER)}{name}/leader"
 
 
+STANDBY_SEGMENT = "standby"
+
+
 def standby_prefix(registry: Registry, name: str) -> str:
     check_node_id(name)
-    return f"{registry.kind_prefix(NodeKind.DRAINER)}{name}/standby/"
+    return f"{registry.kind_prefix(NodeKind.DRAINER)}{name}/{STANDBY_SEGMENT}/"
 
 
 def epoch_key(registry: Registry, name: str) -> str:

@@ -9,10 +9,15 @@ Back-pressure, not memory growth: before reading the next response the reader wa
 merge holds fewer than `max_pending` of its transactions, so a slow sink stops the pump stream
 (gRPC flow control) instead of filling memory.
 
-Nothing is decoded here when the pump sends transaction envelopes (PullBinlogsResp.txns): the
-merge tuple is built from the TxnMeta and the stored binlogs are sliced, never parsed. Without
-them (a response holding a piece of a split huge transaction, or a pump older than the field)
-the binlog envelopes are decoded (type, ts, producer, position). Either way transaction values
+Nothing is decoded here when the pump describes its transactions: the reader asks for packed
+metadata (PullBinlogsReq.packed_meta) and builds the merge tuples from a few array conversions —
+commit_ts, start_ts and each transaction's byte range in the serialized response, which it
+slices out still framed as field 1 (`binlogs`), the form the merge carries and the grpc sink
+forwards (drainer.txn.frame / unframe). Only COMMITs the pump marks as possibly carrying a
+producer position are decoded, for the position filter. A pump older than packed_meta sends
+TxnMeta envelopes (PullBinlogsResp.txns) instead, read one message per transaction. Without
+either (a response holding a piece of a split huge transaction) the binlog envelopes are decoded
+(type, ts, producer, position). Either way transaction values
 are decoded once, by the drainer after the merge and only for sinks that take decoded
 transactions (a raw sink such as grpc never decodes them), so dropped copies cost nothing. An
 undecodable envelope, a commit without its prewrite, or envelopes that do not add up to the
@@ -22,8 +27,11 @@ response's binlogs is CorruptTxn naming the pump and commit_ts: the drainer stop
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
+import operator
 import random
+from itertools import islice, repeat
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -32,17 +40,21 @@ from google.protobuf.message import DecodeError
 
 from sluice.core import errors, failpoint, grpcutil
 from sluice.core.tls import SecurityConfig
-from sluice.drainer.txn import CorruptTxn, Txn
+from sluice.drainer.merger import Merger
+from sluice.drainer.txn import CorruptTxn, Txn, frame, unframe
 from sluice.proto import sluice_pb2 as pb
-from sluice.proto import sluice_pb2_grpc as pbg
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PumpReader", "ReaderTarget", "FATAL_CODES"]
+__all__ = ["PumpReader", "ReaderTarget", "PrivateMerge", "FATAL_CODES"]
 
 _PREWRITE, _COMMIT, _FAKE, _ROLLBACK = pb.PREWRITE, pb.COMMIT, pb.FAKE, pb.ROLLBACK
 _from_string = pb.Binlog.FromString
 _position = pb.Position.FromString
+_resp_from = pb.PullBinlogsResp.FromString
+_PULL = "/sluice.v1.Pump/PullBinlogs"
+_FRAME_TAG = b"\x0a"   # field 1 (binlogs), length-delimited: every transaction's bytes start so
+_PACKED_TAG = 0x2A     # field 5 (txn_commit_ts): what the pump writes right after the binlogs
 
 # Retrying these cannot help: the drainer must stop and say why.
 FATAL_CODES = frozenset({grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INVALID_ARGUMENT,
@@ -53,8 +65,9 @@ FATAL_CODES = frozenset({grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INVALID_A
 class ReaderTarget(Protocol):
     """What a reader feeds (the drainer)."""
 
-    def deliver(self, pump_id: str, items: list[tuple], watermark: int) -> None:
-        """Complete transactions (merge tuples) in commit order, then the pump's watermark."""
+    def deliver(self, pump_id: str, items: list[tuple], watermark: int, binlogs: int) -> None:
+        """Complete transactions (merge tuples) in commit order, then the pump's watermark;
+        `binlogs`: how many binlogs the items hold (observability)."""
 
     async def wait_room(self, pump_id: str) -> None:
         """Return once the merge can take more of this pump's transactions."""
@@ -111,16 +124,25 @@ class PumpReader:
 
     async def _stream(self, channel: grpc.aio.Channel) -> bool:
         req = pb.PullBinlogsReq(cluster_id=self.cluster_id, after_commit_ts=self.after,
-                                consumer_id=self.consumer_id, with_schema=self.with_schema)
-        call = pbg.PumpStub(channel).PullBinlogs(req)
+                                consumer_id=self.consumer_id, with_schema=self.with_schema,
+                                packed_meta=True)
+        # Responses arrive as bytes (no deserializer): the packed path slices them directly.
+        call = channel.unary_stream(_PULL, request_serializer=pb.PullBinlogsReq.SerializeToString,
+                                    response_deserializer=None)(req)
         pending: dict[int, Any] = {}   # start_ts -> (first decoded part, [raw parts])
         got_any = False
         try:
             while True:
                 await self.target.wait_room(self.pump_id)
-                resp = await call.read()
-                if resp is grpc.aio.EOF:
+                raw = await call.read()
+                if raw is grpc.aio.EOF:
                     return got_any
+                try:
+                    resp = _resp_from(raw)
+                except DecodeError as e:
+                    self._corrupt(None, None, f"undecodable PullBinlogs response after commit_ts "
+                                  f"{self.after}: {e}")
+                    continue
                 if not got_any:
                     got_any = self.connected = True
                     log.info("pump %s (%s): reading after ts %d%s", self.pump_id, self.addr,
@@ -131,13 +153,88 @@ class PumpReader:
                     continue
                 # The preamble is over (or was never sent): later reconnects do not ask again.
                 self.with_schema = False
-                txns = resp.txns
-                if txns and not pending:
-                    self._response_meta(resp.binlogs, txns, resp.watermark)
+                if pending:
+                    self._response(resp.binlogs, resp.watermark, pending)
+                elif resp.txn_end:
+                    self._response_packed(raw, resp)
+                elif resp.txns:
+                    self._response_meta(resp.binlogs, resp.txns, resp.watermark)
                 else:
                     self._response(resp.binlogs, resp.watermark, pending)
         finally:
             call.cancel()
+
+    def _response_packed(self, raw: bytes, resp: pb.PullBinlogsResp) -> None:
+        """A response with packed metadata: merge tuples from array conversions and slices.
+
+        The arrays only spare the decoding: if they do not describe the response's bytes
+        (lengths, ascending offsets, every entry starting with a binlog frame and the binlogs
+        ending where the arrays begin), the response is decoded instead."""
+        cts = list(resp.txn_commit_ts)
+        sts = list(resp.txn_start_ts)
+        ends = list(resp.txn_end)
+        n = len(ends)
+        pump_id = self.pump_id
+        starts = [0, *ends[:-1]]
+        if (len(cts) != n or len(sts) != n or ends[-1] >= len(raw)
+                or raw[ends[-1]] != _PACKED_TAG
+                or not all(map(operator.lt, starts, ends))
+                or not all(map(operator.le, cts, islice(cts, 1, None)))
+                or bytes(map(raw.__getitem__, starts)) != _FRAME_TAG * n):
+            log.warning("pump %s: packed metadata does not match a response after commit_ts %d; "
+                        "decoding it instead", pump_id, self.after)
+            self._response(resp.binlogs, resp.watermark, {})
+            return
+        top = self.after
+        k = bisect.bisect_right(cts, top)   # at or below `after`: an inclusive resume, delivered
+        blobs = list(map(raw.__getitem__, map(slice, starts[k:], ends[k:])))
+        fakes = resp.fake_index
+        positioned = resp.positioned_index
+        if not fakes and not positioned:
+            items = list(zip(cts[k:], sts[k:], repeat(pump_id), repeat(""), repeat(None), blobs,
+                             repeat(False)))
+            if items:
+                top = cts[-1]
+        else:
+            # Runs between the few special entries (FAKEs, possibly positioned COMMITs) are
+            # zipped whole; only the special entries are looked at one by one.
+            items = []
+            fake_set = set(fakes)
+            lo = k
+            for i in sorted(fake_set.union(positioned)):
+                if i < lo:
+                    continue
+                if i >= n:
+                    break
+                if i > lo:
+                    items += zip(cts[lo:i], sts[lo:i], repeat(pump_id), repeat(""), repeat(None),
+                                 blobs[lo - k:i - k], repeat(False))
+                lo = i + 1
+                ct = cts[i]
+                if i in fake_set:
+                    if ct > top:
+                        top = ct
+                    continue
+                producer, pos = "", None
+                try:
+                    c = _from_string(unframe(blobs[i - k], pump_id, ct)[-1])
+                except (DecodeError, CorruptTxn) as e:
+                    self._corrupt(sts[i], ct, f"undecodable commit binlog: {e}")
+                    continue
+                if c.HasField("position"):
+                    producer, pos = c.producer_id, c.position
+                items.append((ct, sts[i], pump_id, producer, pos, blobs[i - k], False))
+            if lo < n:
+                items += zip(cts[lo:], sts[lo:], repeat(pump_id), repeat(""), repeat(None),
+                             blobs[lo - k:], repeat(False))
+            if items and items[-1][0] > top:
+                top = items[-1][0]
+        nb = len(resp.binlogs)
+        self.binlogs += nb
+        watermark = resp.watermark
+        wm = watermark if watermark > top else top
+        self.after = wm
+        self.target.deliver(pump_id, items, wm, nb)
 
     def _response_meta(self, binlogs: Any, txns: Any, watermark: int) -> None:
         """A response with transaction envelopes: merge tuples without decoding a binlog.
@@ -162,7 +259,7 @@ class PumpReader:
                 if ct > top:   # else already delivered (an inclusive resume)
                     pos = m.position
                     append((ct, m.start_ts, pump_id, m.producer_id,
-                            _position(pos) if pos else None, raws[i:j], False))
+                            _position(pos) if pos else None, frame(raws[i:j]), False))
                     top = ct
             elif tp == _FAKE:
                 if m.commit_ts > top:
@@ -175,7 +272,7 @@ class PumpReader:
                 self.binlogs += i
                 wm = watermark if watermark > top else top
                 self.after = wm
-                self.target.deliver(pump_id, items, wm)
+                self.target.deliver(pump_id, items, wm, i)
                 return
         log.warning("pump %s: transaction envelopes do not match the %d binlogs of a response "
                     "after commit_ts %d; decoding them instead", pump_id, len(raws), self.after)
@@ -216,7 +313,8 @@ class PumpReader:
                     pos = None
                 raws.append(raw)
                 # payload: the stored binlogs, prewrite part(s) then the commit.
-                items.append((ct, st, pump_id, b.producer_id or first.producer_id, pos, raws, False))
+                items.append((ct, st, pump_id, b.producer_id or first.producer_id, pos, frame(raws),
+                              False))
                 top = ct
             elif tp == _FAKE:
                 if b.commit_ts > top:
@@ -229,7 +327,7 @@ class PumpReader:
         self.binlogs += len(binlogs)
         wm = watermark if watermark > top else top
         self.after = wm
-        self.target.deliver(pump_id, items, wm)
+        self.target.deliver(pump_id, items, wm, len(binlogs))
 
     def _schema_only(self, binlogs: Any, pending: dict[int, Any]) -> None:
         for raw in binlogs:
@@ -277,3 +375,71 @@ async def run_guarded(reader: PumpReader, on_fatal: Callable[[str, BaseException
         res = on_fatal(reader.pump_id, e)
         if asyncio.iscoroutine(res):
             await res
+
+
+class PrivateMerge:
+    """A merge of its own over some pumps from `after`: what the grpc sink replays to a
+    consumer asking below its buffer. Same readers and Merger rules as the drainer's merge
+    (watermarks, start_ts dedupe, producer positions from `after` on); its own bounded queues.
+    A reader's fatal error (a pump that no longer holds `after`: OUT_OF_RANGE) is raised by
+    `next_batch`."""
+
+    def __init__(self, pumps: dict[str, str], after: int, *, cluster_id: int, consumer_id: str,
+                 security: SecurityConfig | None = None, max_pending: int = 20000,
+                 batch: int = 2048, dedupe_window: int = 4096) -> None:
+        self.merger = Merger(after, None, dedupe_window)
+        self.max_pending = max_pending
+        self.batch = batch
+        self._data = asyncio.Event()
+        self._room = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        for pump_id, addr in sorted(pumps.items()):
+            self.merger.add_source(pump_id, after)
+            reader = PumpReader(pump_id, addr, after, self, cluster_id=cluster_id,
+                                consumer_id=consumer_id, security=security)
+            self._tasks.append(asyncio.create_task(run_guarded(reader, self._failed),
+                                                   name=f"replay-{pump_id}"))
+
+    def deliver(self, pump_id: str, items: list[tuple], watermark: int, binlogs: int) -> None:
+        if items:
+            self.merger.push_many(pump_id, items)
+        self.merger.advance(pump_id, watermark)
+        self._data.set()
+
+    async def wait_room(self, pump_id: str) -> None:
+        while self.merger.pending(pump_id) >= self.max_pending:
+            self._room.clear()
+            await self._room.wait()
+
+    def record_schema(self, txn: Txn) -> None:
+        return None  # never asked for (with_schema is off)
+
+    def _failed(self, pump_id: str, e: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = e
+        self._data.set()
+
+    async def next_batch(self, timeout: float) -> tuple[list[tuple], int]:
+        """(merged items, merge watermark); waits up to timeout for something to merge."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            if self._fatal is not None:
+                raise self._fatal
+            self._data.clear()
+            items = self.merger.pop_ready(limit=self.batch)
+            if items:
+                self._room.set()
+                return items, self.merger.merge_watermark
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return [], self.merger.merge_watermark
+            try:
+                await asyncio.wait_for(self._data.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

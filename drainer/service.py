@@ -2,7 +2,9 @@
 
 Notify adds the pump to the merge before it replies (DESIGN §2.4), so a pump that comes online
 joins the merge before it takes its first write. Drainer.PullBinlogs / Ack are served only by a
-drainer whose sink is `grpc`.
+drainer whose sink is `grpc`; PullBinlogs responses are yielded already serialized (the sink
+concatenates its transactions' framed binlogs), so `add_to_server` registers a pass-through
+serializer for it.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from sluice.core import errors
-from sluice.core.grpcutil import check_cluster, handle_errors
+from sluice.core.grpcutil import add_service_with_raw_stream, check_cluster, handle_errors
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 
@@ -50,7 +52,7 @@ class DrainerService(pbg.DrainerServicer):
 
     @handle_errors
     async def PullBinlogs(self, request: pb.DrainerPullReq, context: grpc.aio.ServicerContext
-                          ) -> AsyncIterator[pb.DrainerPullResp]:
+                          ) -> AsyncIterator[bytes]:
         check_cluster(request, self.server.config.cluster_id)
         if request.after_commit_ts < 0:
             raise errors.InvalidArgument(f"after_commit_ts must be >= 0, got {request.after_commit_ts}")
@@ -65,3 +67,8 @@ class DrainerService(pbg.DrainerServicer):
         self._sink().ack(request.consumer_id, request.commit_ts)
         self.server.wake()
         return pb.AckResp()
+
+
+def add_to_server(service: DrainerService, server: grpc.aio.Server) -> None:
+    """Register the Drainer service; PullBinlogs responses may be yielded already serialized."""
+    add_service_with_raw_stream(service, server, "Drainer")

@@ -44,16 +44,13 @@ from typing import Any
 
 from pymysql.converters import escape_bytes, escape_date, escape_datetime, escape_float, escape_string, escape_timedelta
 
-from sluice.drainer.translator import DELETE, INSERT, UPDATE, UPSERT, RowChange, TableShape, fold, shape_of
+from sluice.drainer.translator import (DELETE, INSERT, UPDATE, UPSERT, RowChange, TableShape, fold, quote_id,
+                                      shape_of)
 from sluice.proto import sluice_pb2 as pb
 
 
-def quote_id(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def table_name(shape: TableShape) -> str:
-    return f"{quote_id(shape.schema)}.{quote_id(shape.table)}"
+    return shape.sql_name
 
 
 def _lit_str(v: str) -> str:
@@ -167,7 +164,7 @@ def _values(shape: TableShape, row: tuple[Any, ...]) -> str:
 
 
 def _columns(shape: TableShape) -> str:
-    return "(" + ",".join(quote_id(shape.columns[i]) for i in shape.writable) + ")"
+    return shape.sql_columns
 
 
 def group_sql(g: _Group) -> list[str]:
@@ -260,6 +257,15 @@ def merge_table(shape: TableShape, changes: Sequence[RowChange], safe: bool
             # A unique value moves: the old row goes first, so no final row meets it.
             gone.append(key)
             fresh.append(final)
+    # Rows in identity order: concurrent workers then lock their (disjoint) rows and the index
+    # gaps between them in one direction, which avoids most of the deadlocks that InnoDB's
+    # next-key locks on unique indexes cause between transactions touching disjoint keys.
+    try:
+        gone.sort()
+        fresh.sort(key=lambda r: [r[i] for i in ident])
+        kept.sort(key=lambda r: [r[i] for i in ident])
+    except TypeError:
+        pass  # mixed value types in one column: any order is correct, only slower
     name = table_name(shape)
     out: list[tuple[str, list[RowChange]]] = []
     carried = list(changes)
@@ -291,14 +297,15 @@ def batch_sql(changes: Sequence[RowChange], safe: Sequence[bool]) -> list[tuple[
     """(statement, the changes it carries) for a worker batch, in execution order.
 
     Tables are independent here (the sink runs with foreign_key_checks=0), so each table's
-    changes are merged on their own, in the order tables first appear. A batch with any change
+    changes are merged on their own, tables in name order. A batch with any change
     in safe mode is merged in safe mode (deleting every touched identity first is always right)."""
     by_table: dict[str, list[RowChange]] = {}
     for ch in changes:
         by_table.setdefault(table_name(ch.shape), []).append(ch)
     any_safe = any(safe)
     out: list[tuple[str, list[RowChange]]] = []
-    for table_changes in by_table.values():
+    # Tables in name order, for the same reason as rows in identity order (merge_table).
+    for _, table_changes in sorted(by_table.items()):
         shape = table_changes[0].shape
         merged = None
         # One shape per table in a batch: a DDL flushes every worker before it runs.

@@ -38,6 +38,10 @@ _NOT_IN_ROW_IMAGE_WHERE = frozenset({"float", "double", "real"})
 _DATE_TYPES = frozenset({"date", "newdate"})
 
 
+def quote_id(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TableShape:
     """What the SQL builder needs of one TableInfo version (visible columns only)."""
@@ -55,10 +59,25 @@ class TableShape:
     identity: tuple[int, ...]                # columns of the WHERE that finds a row
     has_identity: bool                       # a primary key or NOT NULL unique key exists
     unique: tuple[tuple[str, tuple[int, ...], bool], ...]  # (index, columns, primary)
+    # Derived once per shape (the per-row paths below read them for every row).
+    qualified: str = dataclasses.field(init=False, compare=False, repr=False)
+    sql_name: str = dataclasses.field(init=False, compare=False, repr=False)      # `schema`.`table`
+    sql_columns: str = dataclasses.field(init=False, compare=False, repr=False)   # (`a`,`b`): writable
+    key_specs: tuple[tuple[str, tuple[int, ...], bool], ...] = dataclasses.field(
+        init=False, compare=False, repr=False)   # (key prefix, columns, primary) per unique index
+    bit_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
+    date_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
 
-    @property
-    def qualified(self) -> str:
-        return f"{self.schema}.{self.table}"
+    def __post_init__(self) -> None:
+        qualified = f"{self.schema}.{self.table}"
+        set_ = object.__setattr__
+        set_(self, "qualified", qualified)
+        set_(self, "sql_name", f"{quote_id(self.schema)}.{quote_id(self.table)}")
+        set_(self, "sql_columns", "(" + ",".join(quote_id(self.columns[i]) for i in self.writable) + ")")
+        set_(self, "key_specs", tuple((f"{qualified}\x00{name}\x00", cols, primary)
+                                      for name, cols, primary in self.unique))
+        set_(self, "bit_columns", frozenset(i for i, t in enumerate(self.data_types) if t == "bit"))
+        set_(self, "date_columns", frozenset(i for i, t in enumerate(self.data_types) if t in _DATE_TYPES))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,25 +159,49 @@ def decode_row(row: pb.Row, info: pb.TableInfo, shape: TableShape) -> tuple[Any,
     else:
         row_to_dict(row, info)  # raises the codec's error naming table, version and counts
         raise AssertionError("unreachable")
-    out = []
-    # The common kinds inline (this is the drainer's hottest loop); the rest through rowcodec.
-    for d, dtype, col in zip(visible, shape.data_types, shape.infos):
+    out: list[Any] = []
+    append = out.append
+    # The common kinds inline (this is the drainer's hottest loop); the rest in _decode_other.
+    for i, d in enumerate(visible):
         kind = d.WhichOneof("value")
         if kind == "int":
-            out.append(d.int)
+            append(d.int)
         elif kind == "str":
-            out.append(d.str)
+            append(d.str)
         elif kind is None or kind == "null":
-            out.append(None)
+            append(None)
         elif kind == "uint":
-            out.append(d.uint)
+            append(d.uint)
         elif kind == "double":
-            out.append(d.double)
-        elif kind == "bytes" and dtype != "bit":
-            out.append(d.bytes)
+            append(d.double)
         else:
-            out.append(sql_value(datum_to_python(d, col), dtype))
+            append(_decode_other(d, kind, i, shape))
     return tuple(out)
+
+
+def _decode_other(d: pb.Datum, kind: str, i: int, shape: TableShape) -> Any:
+    """sql_value(datum_to_python(d)) for the remaining kinds, without its generic dispatch."""
+    if kind == "bytes":
+        return int.from_bytes(d.bytes, "big") if i in shape.bit_columns else d.bytes
+    if kind == "datetime":
+        v = d.datetime
+        try:
+            if i in shape.date_columns:
+                return _dt.date(v.year, v.month, v.day)
+            # Datums are UTC and sink sessions run with time_zone '+00:00': naive UTC.
+            return _dt.datetime(v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond)
+        except ValueError:
+            pass  # zero dates and zero parts: sql_value writes them as text
+    elif kind == "time":
+        v = d.time
+        td = _dt.timedelta(0, v.hours * 3600 + v.minutes * 60 + v.seconds, v.microseconds)
+        return -td if v.negative else td
+    elif kind == "decimal":
+        try:
+            return decimal.Decimal(d.decimal)
+        except decimal.InvalidOperation:
+            pass  # datum_to_python raises the codec's error naming the column
+    return sql_value(datum_to_python(d, shape.infos[i]), shape.data_types[i])
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,6 +210,11 @@ def decode_row(row: pb.Row, info: pb.TableInfo, shape: TableShape) -> tuple[Any,
 
 def fold(v: Any) -> str:
     """A key value as causality-key text: text folded the way a _ci collation compares it."""
+    t = type(v)
+    if t is int:
+        return f"i{v}"
+    if t is str and v.isascii():
+        return "s" + v.rstrip(" ").lower()
     if isinstance(v, str):
         if v.isascii():
             return "s" + v.rstrip(" ").lower()
@@ -190,11 +238,17 @@ def row_keys(shape: TableShape, values: Sequence[Any]) -> list[str]:
     prefix = shape.qualified
     if shape.has_identity or shape.unique:
         out = []
-        for name, cols, primary in shape.unique:
-            vals = [values[i] for i in cols]
-            if not primary and any(v is None for v in vals):
+        for key_prefix, cols, primary in shape.key_specs:
+            if len(cols) == 1:
+                v = values[cols[0]]
+                if v is None and not primary:
+                    continue
+                out.append(key_prefix + fold(v))
                 continue
-            out.append(f"{prefix}\x00{name}\x00" + "\x00".join(fold(v) for v in vals))
+            vals = [values[i] for i in cols]
+            if not primary and None in vals:
+                continue
+            out.append(key_prefix + "\x00".join([fold(v) for v in vals]))
         if shape.has_identity:
             return out
     # No row identity: the full image is the only thing that names the row. The table key comes

@@ -34,6 +34,28 @@ class CorruptTxn(SluiceError):
         self.pump_id, self.start_ts, self.commit_ts, self.reason = pump_id, start_ts, commit_ts, reason
 
 
+_FRAMES = pb.DrainerPullResp
+_frames_from = pb.DrainerPullResp.FromString
+
+
+def frame(binlogs: list[bytes]) -> bytes:
+    """A transaction's binlogs framed as repeated field 1 (`binlogs`) — the bytes that make up
+    its part of a PullBinlogsResp / DrainerPullResp, which the drainer carries through the merge
+    and the grpc sink forwards without re-encoding."""
+    return _FRAMES(binlogs=binlogs).SerializeToString()
+
+
+def unframe(framed: bytes, pump_id: str = "", commit_ts: int | None = None) -> list[bytes]:
+    """The binlogs of `frame`'s output (prewrite part(s), then the COMMIT)."""
+    try:
+        binlogs = list(_frames_from(framed).binlogs)
+    except DecodeError as e:
+        raise CorruptTxn(pump_id, None, commit_ts, f"unframable binlogs: {e}") from None
+    if not binlogs:
+        raise CorruptTxn(pump_id, None, commit_ts, "a transaction without binlogs")
+    return binlogs
+
+
 class MissingSchema(SluiceError):
     """Rows for a table whose shape is unknown at their commit_ts: they cannot be decoded."""
 

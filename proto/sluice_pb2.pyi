@@ -98,7 +98,7 @@ class GtidPos(_message.Message):
     def __init__(self, domain_id: _Optional[int] = ..., server_id: _Optional[int] = ..., seq_no: _Optional[int] = ...) -> None: ...
 
 class SnapshotProgress(_message.Message):
-    __slots__ = ("snapshot_id", "tables", "current_table", "last_chunk_end", "max_key", "chunks_done", "rows_done", "finished", "paused", "mode", "additional_conditions")
+    __slots__ = ("snapshot_id", "tables", "current_table", "last_chunk_end", "max_key", "chunks_done", "rows_done", "finished", "paused", "mode", "additional_conditions", "recorded_at")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     CURRENT_TABLE_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,7 @@ class SnapshotProgress(_message.Message):
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     ADDITIONAL_CONDITIONS_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_AT_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     tables: _containers.RepeatedScalarFieldContainer[str]
     current_table: str
@@ -121,7 +122,8 @@ class SnapshotProgress(_message.Message):
     paused: bool
     mode: str
     additional_conditions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, snapshot_id: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., current_table: _Optional[str] = ..., last_chunk_end: _Optional[_Union[Row, _Mapping]] = ..., max_key: _Optional[_Union[Row, _Mapping]] = ..., chunks_done: _Optional[int] = ..., rows_done: _Optional[int] = ..., finished: _Optional[bool] = ..., paused: _Optional[bool] = ..., mode: _Optional[str] = ..., additional_conditions: _Optional[_Iterable[str]] = ...) -> None: ...
+    recorded_at: Position
+    def __init__(self, snapshot_id: _Optional[str] = ..., tables: _Optional[_Iterable[str]] = ..., current_table: _Optional[str] = ..., last_chunk_end: _Optional[_Union[Row, _Mapping]] = ..., max_key: _Optional[_Union[Row, _Mapping]] = ..., chunks_done: _Optional[int] = ..., rows_done: _Optional[int] = ..., finished: _Optional[bool] = ..., paused: _Optional[bool] = ..., mode: _Optional[str] = ..., additional_conditions: _Optional[_Iterable[str]] = ..., recorded_at: _Optional[_Union[Position, _Mapping]] = ...) -> None: ...
 
 class Binlog(_message.Message):
     __slots__ = ("tp", "start_ts", "commit_ts", "prewrite_value", "part_no", "part_count", "producer_id", "producer_epoch", "position", "snapshot", "ts_ms")
@@ -376,28 +378,40 @@ class WriteBinlogsResp(_message.Message):
     def __init__(self, served_watermark: _Optional[int] = ...) -> None: ...
 
 class PullBinlogsReq(_message.Message):
-    __slots__ = ("cluster_id", "after_commit_ts", "consumer_id", "with_schema")
+    __slots__ = ("cluster_id", "after_commit_ts", "consumer_id", "with_schema", "packed_meta")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_COMMIT_TS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     WITH_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    PACKED_META_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     after_commit_ts: int
     consumer_id: str
     with_schema: bool
-    def __init__(self, cluster_id: _Optional[int] = ..., after_commit_ts: _Optional[int] = ..., consumer_id: _Optional[str] = ..., with_schema: _Optional[bool] = ...) -> None: ...
+    packed_meta: bool
+    def __init__(self, cluster_id: _Optional[int] = ..., after_commit_ts: _Optional[int] = ..., consumer_id: _Optional[str] = ..., with_schema: _Optional[bool] = ..., packed_meta: _Optional[bool] = ...) -> None: ...
 
 class PullBinlogsResp(_message.Message):
-    __slots__ = ("binlogs", "watermark", "schema_only", "txns")
+    __slots__ = ("binlogs", "watermark", "schema_only", "txns", "txn_commit_ts", "txn_start_ts", "txn_end", "fake_index", "positioned_index")
     BINLOGS_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_ONLY_FIELD_NUMBER: _ClassVar[int]
     TXNS_FIELD_NUMBER: _ClassVar[int]
+    TXN_COMMIT_TS_FIELD_NUMBER: _ClassVar[int]
+    TXN_START_TS_FIELD_NUMBER: _ClassVar[int]
+    TXN_END_FIELD_NUMBER: _ClassVar[int]
+    FAKE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    POSITIONED_INDEX_FIELD_NUMBER: _ClassVar[int]
     binlogs: _containers.RepeatedScalarFieldContainer[bytes]
     watermark: int
     schema_only: bool
     txns: _containers.RepeatedCompositeFieldContainer[TxnMeta]
-    def __init__(self, binlogs: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ..., schema_only: _Optional[bool] = ..., txns: _Optional[_Iterable[_Union[TxnMeta, _Mapping]]] = ...) -> None: ...
+    txn_commit_ts: _containers.RepeatedScalarFieldContainer[int]
+    txn_start_ts: _containers.RepeatedScalarFieldContainer[int]
+    txn_end: _containers.RepeatedScalarFieldContainer[int]
+    fake_index: _containers.RepeatedScalarFieldContainer[int]
+    positioned_index: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, binlogs: _Optional[_Iterable[bytes]] = ..., watermark: _Optional[int] = ..., schema_only: _Optional[bool] = ..., txns: _Optional[_Iterable[_Union[TxnMeta, _Mapping]]] = ..., txn_commit_ts: _Optional[_Iterable[int]] = ..., txn_start_ts: _Optional[_Iterable[int]] = ..., txn_end: _Optional[_Iterable[int]] = ..., fake_index: _Optional[_Iterable[int]] = ..., positioned_index: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TxnMeta(_message.Message):
     __slots__ = ("tp", "start_ts", "commit_ts", "producer_id", "producer_epoch", "position", "snapshot", "ts_ms", "binlog_count")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from sluice.core import errors, failpoint
-from sluice.core.grpcutil import check_cluster, handle_errors
+from sluice.core.grpcutil import add_service_with_raw_stream, check_cluster, handle_errors
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 from sluice.pump.storage.reader import varint
@@ -95,6 +95,7 @@ class PumpService(pbg.PumpServicer):
                 finally:
                     preamble.close()
             reader = self.storage.open_reader(after)
+            reader.packed = request.packed_meta
             last_sent_wm = -1
             while True:
                 changed.clear()
@@ -179,27 +180,6 @@ def _tail(watermark: int, schema_only: bool = False) -> bytes:
     return out + b"\x18\x01" if schema_only else out
 
 
-def _passthrough(message: bytes | pb.PullBinlogsResp) -> bytes:
-    return message if isinstance(message, bytes) else message.SerializeToString()
-
-
 def add_to_server(service: PumpService, server: grpc.aio.Server) -> None:
-    """Register the Pump service like the generated `add_PumpServicer_to_server`, except that
-    PullBinlogs responses may be yielded already serialized (the read path frames payloads
-    straight from the value log; re-encoding them as messages cost most of its time)."""
-    handlers = {}
-    for method in pb.DESCRIPTOR.services_by_name["Pump"].methods:
-        req = getattr(pb, method.input_type.name)
-        resp = getattr(pb, method.output_type.name)
-        fn = getattr(service, method.name)
-        if method.server_streaming:
-            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                fn, request_deserializer=req.FromString,
-                response_serializer=_passthrough if method.name == "PullBinlogs"
-                else resp.SerializeToString)
-        else:
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("sluice.v1.Pump",
-                                                                           handlers),))
-    server.add_registered_method_handlers("sluice.v1.Pump", handlers)
+    """Register the Pump service; PullBinlogs responses may be yielded already serialized."""
+    add_service_with_raw_stream(service, server, "Pump")

@@ -9,17 +9,29 @@ they were replaced, so queries still running in other JVMs never lose their file
 
 The base is rewritten to the table's current schema: each visible column in its current
 physical column, dropped columns left out.
+
+Small-file merging (`merge_small_files`): every micro-batch leaves its own small raw partition,
+and the changelog view would list them all forever. Once a compaction covers batch U, the
+committed raw rows up to U are rewritten, with the merged rows of earlier merges, into ONE new
+directory of the table's merged changelog `tN_hist`, and its single partition is switched there
+with `ALTER TABLE ... PARTITION (_part=0) SET LOCATION` — one catalog operation that moves the
+changelog view's boundary too (the view reads raw batches after max(_batch) of the merged
+files). The merged raw partitions are then dropped from the catalog (no reader planned after the
+switch needs them) and, like every replaced directory, their files go to the trash: deleted
+`gc-grace` seconds later, so a query planned before the switch in another JVM still finds every
+file it listed.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import time
 from typing import TYPE_CHECKING
 
 from sluice.spark_sink import tables as T
-from sluice.spark_sink.layout import q
+from sluice.spark_sink.layout import Files, Layout, q
 
 if TYPE_CHECKING:
     from sluice.spark_sink.sink import SparkSink
@@ -27,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _BASE_DIR = re.compile(r"^v(\d+)-e(\d+)$")
 _BASE_PART = re.compile(r"_v=(\d+)")
+_HIST_DIR = re.compile(r"^h(\d+)-u(\d+)-e(\d+)$")
+_RAW_PART = re.compile(r"_batch=(\d+)/_epoch=(\d+)")
 
 
 def compaction_select(st: T.TableState, layout: T.Layout, upto_batch: int) -> str:
@@ -90,3 +104,121 @@ def collect_garbage(sink: SparkSink, st: T.TableState, now_ms: int | None = None
         files.delete(f"{parent}/{name}")
         removed += 1
     return removed
+
+
+# --------------------------------------------------------------------------------------------
+# Small-file merging and the trash
+# --------------------------------------------------------------------------------------------
+
+def trash(files: Files, layout: Layout, paths: list[str], now_ms: int | None = None) -> None:
+    """Schedule paths for deletion after gc-grace (one small record file per call)."""
+    if not paths:
+        return
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    name = f"{now_ms:015d}-{abs(hash(tuple(paths))) % 10**8:08d}.json"
+    files.write_bytes(f"{layout.trash_dir()}/{name}",
+                      json.dumps({"replaced_ms": now_ms, "paths": paths}).encode())
+
+
+def empty_trash(sink: SparkSink, now_ms: int | None = None) -> int:
+    """Delete what was trashed more than gc-grace ago; returns how many paths were deleted."""
+    files, layout = sink.files, sink.layout
+    assert files is not None
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    removed = 0
+    for name, _ in sorted(files.list_files(layout.trash_dir())):
+        path = f"{layout.trash_dir()}/{name}"
+        try:
+            rec = json.loads(files.read_text(path))
+        except ValueError:
+            files.delete(path)  # a record torn by a crash while written: its paths leak
+            continue
+        if now_ms - int(rec["replaced_ms"]) < sink.cfg.gc_grace * 1000:
+            continue
+        for p in rec["paths"]:
+            files.delete(p)
+            removed += 1
+        files.delete(path)
+    return removed
+
+
+def partition_location(spark: object, table: str, spec: str) -> str | None:
+    """The location of one partition, from the catalog (None: no such partition)."""
+    try:
+        rows = spark.sql(f"DESCRIBE FORMATTED {table} PARTITION ({spec})").collect()  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 - the metastore's answer decides
+        if "PARTITIONS_NOT_FOUND" in str(e) or "NoSuchPartition" in str(e):
+            return None
+        raise
+    for r in rows:
+        if r[0] == "Location":
+            return str(r[1])
+    return None
+
+
+def merge_small_files(sink: SparkSink, st: T.TableState) -> T.TableState:
+    """Fold the committed raw batches up to the base's batch into one new merged-changelog
+    directory, switch to it with SET LOCATION, retire the merged raw partitions; returns the
+    new state (hist set once the changelog view reads the merged changelog)."""
+    spark, layout, files = sink.spark, sink.layout, sink.files
+    assert files is not None
+    upto = st.base_upto
+    if not upto:
+        return st
+    hist = layout.hist(st.table_id)
+    spark.sql(T.create_hist_sql(st, layout))
+    have = {f.name for f in spark.table(hist).schema.fields}
+    missing = [(n, t) for n, t in st.phys_columns() if n not in have]
+    if missing:
+        spark.sql(f"ALTER TABLE {hist} ADD COLUMNS (" + ", ".join(f"{q(n)} {t}" for n, t in missing) + ")")
+    current = partition_location(spark, hist, "`_part`=0")
+    cur = _HIST_DIR.match(current.rstrip("/").rsplit("/", 1)[-1]) if current else None
+    done_upto = int(cur.group(2)) if cur else 0
+    if upto <= done_upto:
+        return st
+    parent = layout.hist_dir(st.table_id, 0, 0, 0).rsplit("/", 1)[0]
+    existing = [(int(m.group(1)), n) for n, _ in files.list_dirs(parent) if (m := _HIST_DIR.match(n))]
+    version = max([v for v, _ in existing], default=0) + 1
+    # Newer than the one in use: written by a merge that crashed before its switch.
+    cur_version = int(cur.group(1)) if cur else 0
+    trash(files, layout, [f"{parent}/{n}" for v, n in existing if v > cur_version])
+    loc = layout.hist_dir(st.table_id, version, upto, sink._epoch)
+    started = time.monotonic()
+    cols = T.raw_columns(st)
+    src = (f"SELECT {cols} FROM {hist} WHERE `_part` = 0 UNION ALL " if current else "") + \
+        (f"SELECT {cols} FROM ({T.committed_raw(st, layout, done_upto)}) x WHERE x.`_batch` <= {upto}")
+    df = spark.sql(src)
+    df.coalesce(1).write.mode("overwrite").parquet(loc)
+    if current is None:
+        spark.sql(f"ALTER TABLE {hist} ADD IF NOT EXISTS PARTITION (`_part`=0) LOCATION '{loc}'")
+    else:
+        # The switch: one metastore update; readers planned from now on read the new files.
+        spark.sql(f"ALTER TABLE {hist} PARTITION (`_part`=0) SET LOCATION '{loc}'")
+        trash(files, layout, [current])
+    new = st
+    if not st.hist:
+        # First merge: the changelog view starts reading the merged changelog (same rows: it
+        # holds only batches the raw side then skips).
+        new = dataclasses.replace(st, hist=True)
+        sink._persist_state(new)
+        spark.sql(f"ALTER VIEW {layout.changelog(st.db, st.table)} AS {T.changelog_sql(new, layout)}")
+    # Retire the merged raw partitions: no query planned after the switch reads them.
+    raw = layout.raw(st.table_id)
+    gone = []
+    for r in spark.sql(f"SHOW PARTITIONS {raw}").collect():
+        m = _RAW_PART.search(r[0])
+        if m and int(m.group(1)) <= upto:
+            gone.append((int(m.group(1)), int(m.group(2))))
+    committed = {(c.batch, c.epoch) for c in sink.committer.read()} if sink.committer else set()
+    gone = [g for g in gone if g in committed]
+    if gone:
+        # Trash first: a crash before the drop leaves partitions whose files may go later, which
+        # no view needs any more (listing a missing partition directory finds nothing); the
+        # other order would leak the files.
+        trash(files, layout, [layout.raw_dir(st.table_id, e, b) for b, e in gone])
+        spark.sql(f"ALTER TABLE {raw} DROP IF EXISTS " + ", ".join(
+            f"PARTITION (`_batch`={b}, `_epoch`={e})" for b, e in gone))
+    log.info("small files merged", extra={"fields": {
+        "table": f"{st.db}.{st.table}", "hist_version": version, "upto_batch": upto,
+        "raw_partitions_retired": len(gone), "seconds": round(time.monotonic() - started, 2)}})
+    return new

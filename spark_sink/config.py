@@ -43,10 +43,11 @@ class SparkSinkConfig(SessionConfig):
     root: str = ""                      # directory (or Hadoop URI) for every file of the sink
     database: str = "{schema}"          # catalog database per source schema ({schema}, {source})
     meta_database: str = "sluice"       # commit table, raw and base tables
-    batch_rows: int = 50_000            # commit a micro-batch at this many buffered rows
+    batch_rows: int = 100_000           # commit a micro-batch at this many buffered rows
     batch_interval: float = 5.0         # ... or when the oldest buffered row is this old (s)
     compact_every: int = 0              # compact a table after this many committed batches (0: off)
     gc_grace: float = 600.0             # keep replaced files this long (s) for running readers
+    merge_small_files: bool = True      # after a compaction, merge the batches it covers
 
     def __post_init__(self) -> None:
         super().__post_init__()

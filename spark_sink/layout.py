@@ -63,6 +63,9 @@ class Layout:
     def base(self, table_id: int) -> str:
         return q(self.meta, f"t{table_id}_base")
 
+    def hist(self, table_id: int) -> str:
+        return q(self.meta, f"t{table_id}_hist")
+
     @staticmethod
     def view(db: str, table: str) -> str:
         return q(db, ident(table))
@@ -90,6 +93,15 @@ class Layout:
 
     def base_dir(self, table_id: int, version: int, epoch: int) -> str:
         return f"{self.root}/data/t{table_id}/base/v{version}-e{epoch}"
+
+    def hist_table_dir(self, table_id: int) -> str:
+        return f"{self.root}/data/t{table_id}/hist/_table"
+
+    def hist_dir(self, table_id: int, version: int, upto: int, epoch: int) -> str:
+        return f"{self.root}/data/t{table_id}/hist/h{version}-u{upto}-e{epoch}"
+
+    def trash_dir(self) -> str:
+        return f"{self.root}/trash"
 
 
 class Files:
@@ -123,6 +135,22 @@ class Files:
     def delete(self, path: str) -> bool:
         fs, p = self._fs(path)
         return bool(fs.delete(p, True))
+
+    def read_text(self, path: str) -> str:
+        fs, p = self._fs(path)
+        stream = fs.open(p)
+        try:
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode()
+        finally:
+            stream.close()
+
+    def list_files(self, path: str) -> list[tuple[str, int]]:
+        """(name, modification time ms) of the files in path ([] if it is missing)."""
+        fs, p = self._fs(path)
+        if not fs.exists(p):
+            return []
+        return [(st.getPath().getName(), int(st.getModificationTime()))
+                for st in fs.listStatus(p) if st.isFile()]
 
     def list_dirs(self, path: str) -> list[tuple[str, int]]:
         """(name, modification time ms) of the sub-directories of path ([] if it is missing)."""

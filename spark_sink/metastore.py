@@ -20,6 +20,20 @@ log = logging.getLogger(__name__)
 
 DERBY_JARS = ("/usr/share/java/derby.jar", "/usr/share/java/derbynet.jar")
 DERBY_CLIENT_JAR = "/usr/share/java/derbyclient.jar"
+DERBY_MAIN = "org.apache.derby.drda.NetworkServerControl"
+
+# Derby looks for a deadlock only after a lock wait of derby.locks.deadlockTimeout (20 s by
+# default). JVMs opening the catalog at once (a drainer and its standby, `sluice spark-sql`,
+# tests) have DataNucleus read JDBC metadata at the same time, and Derby's stored metadata
+# statements then wait on each other's system-table locks: measured here, four JVMs took
+# ~116 s for their first catalog statement by default and ~20 s with a 1 s check.
+DERBY_SERVER_PROPS = ("-Dderby.locks.deadlockTimeout=1",)
+
+
+def server_argv(java: str, home: str | Path, classpath: str, host: str, port: int) -> list[str]:
+    """The network server's command line (also `sluice cluster`'s and docker-compose's)."""
+    return [java, f"-Dderby.system.home={home}", *DERBY_SERVER_PROPS, "-Xmx256m", "-cp", classpath,
+            DERBY_MAIN, "start", "-h", host, "-p", str(port), "-noSecurityManager"]
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -49,9 +63,7 @@ class DerbyServer:
         logf = open(self.home / "derby-server.log", "ab")
         try:
             self.popen = subprocess.Popen(
-                [self.java, f"-Dderby.system.home={self.home}", "-Xmx256m",
-                 "-cp", ":".join(DERBY_JARS), "org.apache.derby.drda.NetworkServerControl",
-                 "start", "-h", self.host, "-p", str(self.port), "-noSecurityManager"],
+                server_argv(self.java, self.home, ":".join(DERBY_JARS), self.host, self.port),
                 stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         finally:

@@ -24,6 +24,8 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
         "spark.master": cfg.master,
         "spark.app.name": cfg.app_name,
         "spark.ui.enabled": "false",
+        # A drainer's log is for its own lines; console progress bars would bury them.
+        "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",

@@ -13,6 +13,7 @@ create of the new one, `_seq` 2i and 2i+1 for the transaction's i-th row change.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import time
@@ -32,6 +33,7 @@ from sluice.spark_sink.types import ColumnPlan, plan_columns, row_values
 
 log = logging.getLogger(__name__)
 
+_WRITE_THREADS = 4
 _SHAPED = (pb.CREATE_TABLE, pb.ALTER_TABLE, pb.RENAME_TABLE, pb.TRUNCATE_TABLE)
 
 
@@ -61,12 +63,16 @@ class SparkSink(Sink):
         self._states: dict[int, T.TableState] = {}
         self._dirty: set[int] = set()          # state to persist before the next batch's files
         self._views_dirty: set[int] = set()    # views to (re)create after the next commit
-        self._renamed: list[tuple[str, str]] = []
+        self._renamed: list[tuple[str, str]] = []   # views to drop after the next commit
+        self._pre_views: set[int] = set()      # views to rewrite BEFORE the next commit point
         self._plans: dict[tuple[int, int], list[ColumnPlan]] = {}
         self._buf = _Buffer()
         self._failed: BaseException | None = None
         self._since_compact: dict[int, int] = {}
         self.skipped = 0
+        # Seconds spent per commit step since open (convert, files, partitions, commit) and in
+        # apply()'s decoding (decode_s): what bench/spark_sink.py reports.
+        self.timings: dict[str, float] = {}
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> SparkSink:
@@ -165,7 +171,9 @@ class SparkSink(Sink):
                 await self._commit_buffer()
                 self._failed = e
                 raise
+            t = time.perf_counter()
             self._buffer_txn(txn)
+            self.timings["decode_s"] = self.timings.get("decode_s", 0.0) + time.perf_counter() - t
             if self._buf.count >= self.cfg.batch_rows or (
                     self._buf.count and time.monotonic() - self._buf.first_mono >= self.cfg.batch_interval):
                 await self._commit_buffer()
@@ -175,12 +183,17 @@ class SparkSink(Sink):
         await self._commit_buffer()
 
     def _schema_effects(self, txn: Txn) -> None:
+        """Fold a transaction's schema snapshots and DDL into the table states (docs/spark.md,
+        "DDL effects"): CREATE/ALTER/RENAME change the shape (RENAME moves the views), TRUNCATE
+        and a CREATE of a known table id add a truncate marker, DROP TABLE / DROP DATABASE
+        remove the views."""
         pv = txn.prewrite
         for info in pv.schema_snapshots:
             self._evolve(info, "")
         ddl = txn.ddl
         if ddl is None:
             return
+        what = ddl.query or pb.DDLType.Name(ddl.tp)
         if ddl.tp in _SHAPED:
             info = ddl.table_info if ddl.HasField("table_info") else None
             if info is None and ddl.table_id:
@@ -189,20 +202,80 @@ class SparkSink(Sink):
                 log.warning("DDL without a table shape; Spark tables unchanged",
                             extra={"fields": {"ddl": ddl.query, "commit_ts": txn.commit_ts}})
                 return
-            if ddl.tp == pb.TRUNCATE_TABLE:
-                log.error("TRUNCATE is not applied to the Spark tables (rows stay in the "
-                          "current-state view)", extra={"fields": {
-                              "table": f"{ddl.schema_name}.{ddl.table_name}", "commit_ts": txn.commit_ts}})
-            self._evolve(info, ddl.query or pb.DDLType.Name(ddl.tp))
+            old = self._states.get(info.table_id)
+            if ddl.tp == pb.CREATE_TABLE and old is not None and (
+                    old.dropped or not info.version or info.version > old.version):
+                # A new incarnation of a known table id (stable ids per name: DROP then CREATE):
+                # its columns start fresh, whatever the old ones' types were.
+                self._states[info.table_id] = T.recreated(old)
+                self._states[info.table_id] = self._evolve(info, what, force=True)
+            else:
+                self._evolve(info, what)
+            if ddl.tp == pb.TRUNCATE_TABLE or (ddl.tp == pb.CREATE_TABLE and old is not None):
+                # The table starts empty here: rows before the marker leave the current state.
+                # (A brand-new table id has no rows to hide; after a crash that persisted its
+                # state but not its batch, the replayed CREATE adds a harmless marker.)
+                self._truncate_marker(txn, info)
+            return
+        if ddl.tp == pb.DROP_TABLE:
+            st = self._ddl_target(ddl)
+            if st is None:
+                log.warning("DROP TABLE of a table the Spark sink never saw", extra={"fields": {
+                    "table": f"{ddl.schema_name}.{ddl.table_name}", "commit_ts": txn.commit_ts}})
+                return
+            self._drop(st)
+        elif ddl.tp == pb.DROP_DATABASE:
+            for st in list(self._states.values()):
+                if st.schema == ddl.schema_name:
+                    self._drop(st)
 
-    def _evolve(self, info: pb.TableInfo, ddl: str) -> T.TableState:
+    def _ddl_target(self, ddl: pb.DDL) -> T.TableState | None:
+        # A dropped state is still a target: the DROP may be replayed after a crash that
+        # persisted the state but not the batch (its views then still exist).
+        st = self._states.get(ddl.table_id) if ddl.table_id else None
+        if st is not None:
+            return st
+        named = [s for s in self._states.values() if (s.schema, s.table) == (ddl.schema_name, ddl.table_name)]
+        return min(named, key=lambda s: s.dropped, default=None)
+
+    def _drop(self, st: T.TableState) -> None:
+        """DROP TABLE: the views go after the batch holding the DROP commits; the raw and base
+        tables (the table's whole history) stay in the meta database."""
+        new = dataclasses.replace(st, dropped=True)
+        self._states[st.table_id] = new
+        self._dirty.add(st.table_id)
+        self._renamed.append((st.db, st.table))
+        self._views_dirty.discard(st.table_id)
+
+    def _truncate_marker(self, txn: Txn, info: pb.TableInfo) -> None:
+        st = self._states[info.table_id]
+        if not st.cleared:
+            # The views learn to filter by markers BEFORE the marker's batch commits (the filter
+            # changes nothing until then), so the table empties exactly at that commit point.
+            st = self._states[info.table_id] = dataclasses.replace(st, cleared=True)
+            self._dirty.add(st.table_id)
+            self._pre_views.add(st.table_id)
+        buf = self._buf
+        pos = format_position(txn.position) if txn.position is not None else None
+        if pos and txn.producer_id:
+            buf.positions[txn.producer_id] = pos
+        rows = buf.rows.setdefault(info.table_id, [])
+        vals = [None] * sum(1 for c in info.columns if not c.hidden)
+        rows.append(((T.TRUNCATED, txn.commit_ts, 0, info.version, txn.producer_id or None, pos,
+                      None, None), vals, info))
+        buf.count += 1
+        buf.last_ts = txn.commit_ts
+        if not buf.first_mono:
+            buf.first_mono = time.monotonic()
+
+    def _evolve(self, info: pb.TableInfo, ddl: str, force: bool = False) -> T.TableState:
         old = self._states.get(info.table_id)
-        if old is not None and info.version and info.version <= old.version:
+        if not force and old is not None and info.version and info.version <= old.version:
             # Already folded in (a replay after a restart, or a repeated schema snapshot).
             return old
         new = T.evolve(old, info, self.layout, ddl)
         if new != old:
-            if old is not None and (old.db, old.table) != (new.db, new.table):
+            if old is not None and not old.dropped and (old.db, old.table) != (new.db, new.table):
                 self._renamed.append((old.db, old.table))
             self._states[info.table_id] = new
             self._dirty.add(info.table_id)
@@ -263,22 +336,26 @@ class SparkSink(Sink):
 
     async def _commit_buffer(self) -> None:
         buf, self._buf = self._buf, _Buffer()
-        if not buf.count and not self._dirty and not self._views_dirty:
+        if not buf.count and not self._dirty and not self._views_dirty and not self._renamed:
             return
         dirty, self._dirty = set(self._dirty), set()
         views, self._views_dirty = set(self._views_dirty), set()
+        pre, self._pre_views = set(self._pre_views), set()
         renamed, self._renamed = list(self._renamed), []
         states = dict(self._states)
         try:
-            await asyncio.to_thread(self._commit_sync, buf, states, dirty, views, renamed)
+            await asyncio.to_thread(self._commit_sync, buf, states, dirty, views, renamed, pre)
         except BaseException as e:
             self._failed = e
             raise
 
     def _commit_sync(self, buf: _Buffer, states: dict[int, T.TableState], dirty: set[int],
-                     views: set[int], renamed: list[tuple[str, str]]) -> None:
+                     views: set[int], renamed: list[tuple[str, str]], pre: set[int]) -> None:
         for tid in sorted(dirty):
             self._persist_state(states[tid])
+        for tid in sorted(pre):
+            if tid not in views and not states[tid].dropped:
+                self._write_views(states[tid], create=False)
         if buf.count:
             self._commit_batch(buf, states)
         for db, table in renamed:
@@ -287,13 +364,22 @@ class SparkSink(Sink):
         for tid in sorted(views):
             self._write_views(states[tid])
         if buf.count and self.cfg.compact_every:
-            from sluice.spark_sink.compaction import compact
             for tid in buf.rows:
                 n = self._since_compact.get(tid, 0) + 1
                 self._since_compact[tid] = n
-                if n >= self.cfg.compact_every:
-                    self._states[tid] = compact(self, self._states[tid])
+                if n >= self.cfg.compact_every and not self._states[tid].dropped:
+                    self.compact_table(tid)
                     self._since_compact[tid] = 0
+
+    def compact_table(self, table_id: int) -> T.TableState:
+        """Compact one table, merge its small files (when configured) and empty the trash of
+        what was replaced more than gc-grace ago. Call between batches (the sink's thread)."""
+        from sluice.spark_sink.compaction import compact, empty_trash, merge_small_files
+        st = self._states[table_id] = compact(self, self._states[table_id])
+        if self.cfg.merge_small_files:
+            st = self._states[table_id] = merge_small_files(self, st)
+        empty_trash(self)
+        return st
 
     def _persist_state(self, st: T.TableState) -> None:
         spark, raw, base = self._spark, self.layout.raw(st.table_id), self.layout.base(st.table_id)
@@ -302,7 +388,8 @@ class SparkSink(Sink):
         self.files.mkdirs(self.layout.base_table_dir(st.table_id))
         spark.sql(T.create_raw_sql(st, self.layout))
         spark.sql(T.create_base_sql(st, self.layout))
-        for table in (raw, base):
+        tables = (raw, base, self.layout.hist(st.table_id)) if st.hist else (raw, base)
+        for table in tables:
             have = {f.name for f in spark.table(table).schema.fields}
             missing = [(n, t) for n, t in st.phys_columns() if n not in have]
             if missing:
@@ -311,8 +398,11 @@ class SparkSink(Sink):
         spark.sql(f"ALTER TABLE {raw} SET TBLPROPERTIES ('sluice.state' = "
                   f"{sql_str(st.to_json())})")
 
-    def _write_views(self, st: T.TableState) -> None:
+    def _write_views(self, st: T.TableState, create: bool = True) -> None:
+        """(Re)write both views of st; create=False only alters views that already exist."""
         spark = self._spark
+        if st.dropped:
+            return
         spark.sql(f"CREATE DATABASE IF NOT EXISTS {q(st.db)}")
         for name, text in ((self.layout.changelog(st.db, st.table), T.changelog_sql(st, self.layout)),
                            (self.layout.view(st.db, st.table), T.current_view_sql(st, self.layout))):
@@ -320,32 +410,51 @@ class SparkSink(Sink):
             # (a reader in between would find no table).
             if spark.catalog.tableExists(name.replace("`", "")):
                 spark.sql(f"ALTER VIEW {name} AS {text}")
-            else:
+            elif create:
                 spark.sql(f"CREATE VIEW IF NOT EXISTS {name} AS {text}")
 
-    def _commit_batch(self, buf: _Buffer, states: dict[int, T.TableState]) -> None:
+    def _table_rows(self, st: T.TableState, rows: list[tuple[tuple[Any, ...], list[Any], pb.TableInfo]]) -> list[tuple[Any, ...]]:
+        """Buffered rows in the table's physical column order."""
+        width = len(st.physical)
+        index_of: dict[int, list[int]] = {}
+        out = []
+        for meta, vals, info in rows:
+            idx = index_of.get(info.version)
+            if idx is None:
+                idx = index_of[info.version] = T.phys_index(st, info)
+            if len(idx) == width and idx == list(range(width)):
+                out.append((*meta, *vals))  # the common case: no column moved or dropped
+            else:
+                out.append(T.physical_row(meta, vals, idx, width))
+        return out
+
+    def _write_table_files(self, st: T.TableState, rows: list[tuple[Any, ...]], batch: int) -> None:
         from pyspark.sql.types import StructType
+        spark = self._spark
+        schema = StructType.fromDDL(", ".join(f"{q(n)} {t}" for n, t in (*T.META_COLUMNS, *st.physical)))
+        df = spark.createDataFrame(rows, schema=schema, verifySchema=False)
+        df = df.coalesce(max(1, min(spark.sparkContext.defaultParallelism, len(rows) // 50_000)))
+        df.write.mode("overwrite").parquet(self.layout.raw_dir(st.table_id, self._epoch, batch))
+
+    def _commit_batch(self, buf: _Buffer, states: dict[int, T.TableState]) -> None:
         assert self.committer is not None and self.files is not None
         spark, layout, epoch = self._spark, self.layout, self._epoch
         batch = (self._last.batch if self._last is not None else 0) + 1
         tables = sorted(buf.rows)
         t0 = time.monotonic()
-        for tid in tables:
-            st = states[tid]
-            phys = st.phys_columns()
-            width = len(phys)
-            index_of: dict[int, list[int]] = {}
-            out = []
-            for meta, vals, info in buf.rows[tid]:
-                idx = index_of.get(info.version)
-                if idx is None:
-                    idx = index_of[info.version] = T.phys_index(st, info)
-                out.append(T.physical_row(meta, vals, idx, width))
-            schema = StructType.fromDDL(", ".join(f"{q(n)} {t}" for n, t in (*T.META_COLUMNS, *phys)))
-            df = spark.createDataFrame(out, schema=schema, verifySchema=False)
-            df = df.coalesce(max(1, min(spark.sparkContext.defaultParallelism, len(out) // 50_000)))
-            df.write.mode("overwrite").parquet(layout.raw_dir(tid, epoch, batch))
+        converted = {tid: self._table_rows(states[tid], buf.rows[tid]) for tid in tables}
         t1 = time.monotonic()
+        if len(tables) == 1:
+            self._write_table_files(states[tables[0]], converted[tables[0]], batch)
+        else:
+            # One Spark job per table at once: each job is mostly one task (small batches), so
+            # serial jobs leave cores idle while Python pickles the next table's rows.
+            with concurrent.futures.ThreadPoolExecutor(min(len(tables), _WRITE_THREADS)) as ex:
+                for f in [ex.submit(self._write_table_files, states[tid], converted[tid], batch)
+                          for tid in tables]:
+                    f.result()
+        del converted
+        t2 = time.monotonic()
         failpoint.inject("spark-after-files")
         for i, tid in enumerate(tables):
             spark.sql(f"ALTER TABLE {layout.raw(tid)} ADD IF NOT EXISTS PARTITION "
@@ -359,13 +468,18 @@ class SparkSink(Sink):
         rec = CommitRecord(batch=batch, epoch=epoch, commit_ts=buf.last_ts, positions=positions,
                            schema_versions=versions, rows=sum(len(buf.rows[t]) for t in tables),
                            tables=tuple(tables), created_ms=int(time.time() * 1000))
-        t2 = time.monotonic()
+        t3 = time.monotonic()
         self.committer.commit(rec)
         self._last = rec
+        t4 = time.monotonic()
+        for k, v in (("convert_s", t1 - t0), ("files_s", t2 - t1), ("partitions_s", t3 - t2),
+                     ("commit_s", t4 - t3)):
+            self.timings[k] = self.timings.get(k, 0.0) + v
+        self.timings["batches"] = self.timings.get("batches", 0) + 1
         log.info("spark batch committed", extra={"fields": {
             "batch": batch, "epoch": epoch, "commit_ts": rec.commit_ts, "rows": rec.rows,
-            "tables": len(tables), "files_s": round(t1 - t0, 2),
-            "partitions_s": round(t2 - t1, 2), "commit_s": round(time.monotonic() - t2, 2)}})
+            "tables": len(tables), "convert_s": round(t1 - t0, 2), "files_s": round(t2 - t1, 2),
+            "partitions_s": round(t3 - t2, 2), "commit_s": round(t4 - t3, 2)}})
 
 
 __all__ = ["SparkSink", "Fenced"]

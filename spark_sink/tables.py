@@ -9,6 +9,10 @@ column gets a new physical column of the wider type (`name__<type>`) and the vie
 COALESCE(CAST(newest), ..., CAST(oldest)) — each row fills exactly one of them; a dropped column
 is hidden by the views; a column re-added after a drop starts a fresh physical column. A change
 that is not a widening is UnmappableChange, naming the table, the column and the DDL.
+
+TRUNCATE (and CREATE of a table id that already has rows) lands as a marker row `_op = 't'`
+in the changelog; the current-state view keeps only changes after the newest committed marker,
+so the table is empty from exactly the batch that commits the marker on, in every JVM.
 """
 from __future__ import annotations
 
@@ -58,6 +62,9 @@ class TableState:
     base_version: int = 0                      # compacted base in use (0: none)
     base_upto: int = 0                         # last batch folded into that base
     physical: tuple[tuple[str, str], ...] = () # physical columns, append-only (table order)
+    dropped: bool = False                      # DROP TABLE: views removed, history kept
+    cleared: bool = False                      # has had a truncate marker: views filter by it
+    hist: bool = False                         # has a merged changelog (tN_hist) in its views
 
     @property
     def visible(self) -> list[Column]:
@@ -137,7 +144,15 @@ def evolve(state: TableState | None, info: pb.TableInfo, layout: Layout, ddl: st
         table_id=info.table_id, schema=info.schema_name, table=info.table_name, db=db,
         version=info.version, columns=tuple(cols), key=key_of_info(info),
         base_version=state.base_version if state else 0, base_upto=state.base_upto if state else 0,
-        physical=tuple(physical))
+        physical=tuple(physical), cleared=state.cleared if state else False,
+        hist=state.hist if state else False)
+
+
+def recreated(state: TableState) -> TableState:
+    """state as the starting point of a CREATE over the same table id: every old column hidden,
+    so the new incarnation's columns get fresh physical columns whatever their types."""
+    return dataclasses.replace(state, columns=tuple(dataclasses.replace(c, hidden=True)
+                                                    for c in state.columns), dropped=False)
 
 
 def _tag(stype: str) -> str:
@@ -187,10 +202,38 @@ def committed_raw(state: TableState, layout: Layout, after_batch: int = 0) -> st
             f"ON r.`_batch` = c.batch AND r.`_epoch` = c.epoch{cond}{where}")
 
 
+def create_hist_sql(state: TableState, layout: Layout) -> str:
+    """The merged changelog: committed raw rows of many batches in a few files, `_batch` and
+    `_epoch` as data columns; ONE partition (`_part`=0) whose location merging switches."""
+    cols = ", ".join(f"{q(n)} {t}" for n, t in (*META_COLUMNS, *state.phys_columns()))
+    return (f"CREATE TABLE IF NOT EXISTS {layout.hist(state.table_id)} ({cols}, `_batch` BIGINT, "
+            f"`_epoch` BIGINT, `_part` BIGINT) USING parquet PARTITIONED BY (`_part`) "
+            f"LOCATION '{layout.hist_table_dir(state.table_id)}'")
+
+
+def raw_columns(state: TableState) -> str:
+    return ", ".join(q(n) for n, _ in (*META_COLUMNS, *state.phys_columns(), ("_batch", ""), ("_epoch", "")))
+
+
+def all_changes_sql(state: TableState, layout: Layout) -> str:
+    """Every committed change of the table, raw columns: the merged changelog (when there is
+    one) plus the committed raw batches after the last batch it holds. The boundary is read from
+    the merged files themselves, so switching their location is the only step that moves it."""
+    if not state.hist:
+        return committed_raw(state, layout)
+    cols = raw_columns(state)
+    hist = f"{layout.hist(state.table_id)} WHERE `_part` = 0"
+    return (f"SELECT {cols} FROM {hist} UNION ALL SELECT {cols} FROM ({committed_raw(state, layout)}) x "
+            f"WHERE x.`_batch` > (SELECT coalesce(max(`_batch`), 0) FROM {hist})")
+
+
 def changelog_sql(state: TableState, layout: Layout) -> str:
     meta = ", ".join(f"r.{q(m)}" for m in CHANGELOG_META)
     cols = ", ".join(column_expr(c, "r") for c in state.visible)
-    return f"SELECT {meta}{', ' if cols else ''}{cols} FROM ({committed_raw(state, layout)}) r"
+    return f"SELECT {meta}{', ' if cols else ''}{cols} FROM ({all_changes_sql(state, layout)}) r"
+
+
+TRUNCATED = "t"   # _op of a truncate marker row (row columns NULL)
 
 
 def _union_sql(state: TableState, layout: Layout, base_version: int, base_upto: int,
@@ -206,8 +249,20 @@ def _union_sql(state: TableState, layout: Layout, base_version: int, base_upto: 
     parts = []
     if base_version:
         parts.append(f"SELECT {sel} FROM {layout.base(state.table_id)} WHERE `_v` = {base_version}")
-    parts.append(f"SELECT {sel} FROM ({committed_raw(state, layout, base_upto)}) t{tw}")
-    return " UNION ALL ".join(parts)
+    # The tail: committed batches after the base (their raw partitions are never merged away:
+    # merging stops at the base's batch); from the beginning, every change.
+    tail = committed_raw(state, layout, base_upto) if base_upto else all_changes_sql(state, layout)
+    parts.append(f"SELECT {sel} FROM ({tail}) t{tw}")
+    union = " UNION ALL ".join(parts)
+    if not state.cleared:
+        return union
+    # Markers live only in the tail: a compaction that folded one in already left the rows
+    # before it out of the base, and every base row is older than any tail marker.
+    marker = (f"SELECT coalesce(max(`_commit_ts`), 0) FROM ({tail}) m "
+              f"WHERE m.`_op` = '{TRUNCATED}'"
+              + "".join(f" AND m.{w}" for w in tail_where))
+    return (f"SELECT * FROM ({union}) a WHERE a.`_op` <> '{TRUNCATED}' "
+            f"AND a.`_commit_ts` > ({marker})")
 
 
 def state_query(state: TableState, layout: Layout, base_version: int, base_upto: int,

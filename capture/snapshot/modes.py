@@ -2,14 +2,14 @@
 
 Invariant: a capture never streams from a position it cannot prove complete: with no saved
 position it snapshots first (unless `no_data`), an unfinished snapshot is resumed (never silently
-abandoned), and a saved position the source has purged is an error — except in `when_needed`,
+abandoned, whatever the mode: under `no_data` it was started by a signal), and a saved position the source has purged is an error — except in `when_needed`,
 which takes a fresh snapshot instead.
 
 | mode           | nothing saved            | saved, snapshot unfinished | saved position purged      |
 |----------------|--------------------------|----------------------------|----------------------------|
 | `initial`      | snapshot, then stream    | resume snapshot, stream    | error (say when_needed)    |
 | `initial_only` | snapshot, then stop      | resume snapshot, stop      | error                      |
-| `no_data`      | stream from now, no data | stream (snapshot dropped)  | error                      |
+| `no_data`      | stream from now, no data | resume snapshot, stream    | error                      |
 | `when_needed`  | snapshot, then stream    | resume snapshot, stream    | new snapshot, stream       |
 A finished snapshot with a saved, present position just streams (`initial_only`: stops).
 """
@@ -77,7 +77,7 @@ def decide(mode: SnapshotMode, state: StartState) -> StartPlan:
         raise PositionPurged("the saved binlog position is no longer on the source (purged); "
                              "events after it are lost — set snapshot-mode = \"when_needed\" to "
                              "re-snapshot, or reset the position with `sluice ctl position set`")
-    if state.snapshot_started and not state.snapshot_finished and mode is not SnapshotMode.NO_DATA:
+    if state.snapshot_started and not state.snapshot_finished:
         return StartPlan("resume", stream, "saved", "unfinished snapshot: resume at its next chunk")
     if mode is SnapshotMode.INITIAL_ONLY:
         return StartPlan("none", False, "saved", "initial_only: snapshot already done; stopping")

@@ -146,7 +146,8 @@ def chunk_sql(shape: TableShape, chunk: Chunk, condition: str = "") -> tuple[str
     spec = shape.key
     where, params = chunk.where(spec)
     if condition:
-        where = f"{where} AND ({condition})"
+        # Pasted into a parameterised statement: a literal % (as in `id % 2 = 0`) is doubled.
+        where = f"{where} AND ({condition.replace('%', '%%')})"
     cols = ", ".join(quote(c.name) for c in shape.columns)
     order = ", ".join(quote(c) for c in spec.columns)
     return f"SELECT {cols} FROM {spec.sql_table} WHERE {where} ORDER BY {order}", params

@@ -29,6 +29,7 @@ from sluice.capture.snapshot.chunks import Chunk
 from sluice.capture.snapshot.emit import ChunkEmission, Stamper
 from sluice.capture.snapshot.keys import TableShape
 from sluice.capture.snapshot.reader import RowConverter, chunk_sql
+from sluice.core import failpoint
 from sluice.core.errors import FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
 
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 __all__ = ["ConsistentReadHold", "Ticket", "Released", "read_chunk_consistent", "binlog_coord"]
 
 _FileOff = tuple[int, int]
+CHUNK_FAILPOINT = "snapshot-before-chunk-select"
+"""Hit right before every chunk SELECT (both modes): after the low watermark, or after p."""
 
 
 def binlog_coord(file_name: str, offset: int) -> _FileOff:
@@ -188,6 +191,8 @@ def read_chunk_consistent(conn: Any, hold: ConsistentReadHold, shape: TableShape
                 status = {k.lower(): v for k, v in cur.fetchall()}
                 hold.set_position(ticket, status["binlog_snapshot_file"],
                                   int(status["binlog_snapshot_position"]))
+                # Tests widen the gap between p and the SELECT, where a writer races the read.
+                failpoint.inject(CHUNK_FAILPOINT)
                 sql, params = chunk_sql(shape, chunk, condition)
                 cur.execute(sql, params)
                 raw = cur.fetchall()

@@ -31,7 +31,7 @@ from typing import Any
 from sluice.capture.snapshot.chunks import Chunk
 from sluice.capture.snapshot.emit import ChunkEmission, Stamper, changed_keys, rows_by_key
 from sluice.capture.snapshot.keys import TableShape
-from sluice.capture.snapshot.signals import Signal, Watermark, parse_signal
+from sluice.capture.snapshot.signals import InvalidSignal, Signal, Watermark, parse_signal
 from sluice.core import rowcodec
 from sluice.core.errors import FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
@@ -58,7 +58,8 @@ class _Window:
 def split_signals(mutations: Sequence[pb.TableMutation], signal_table: str
                   ) -> tuple[list[pb.TableMutation], list[Signal]]:
     """Data mutations, and the signals inserted into `signal_table` ("db.table") by this
-    transaction (its rows' first three columns are id, type, data)."""
+    transaction (its rows' first three columns are id, type, data). An invalid signal row is
+    logged and skipped: a user's typo must not stop the capture."""
     data: list[pb.TableMutation] = []
     signals: list[Signal] = []
     for m in mutations:
@@ -69,17 +70,23 @@ def split_signals(mutations: Sequence[pb.TableMutation], signal_table: str
             if ch.tp != pb.INSERT:
                 continue   # deleting old signal rows is housekeeping
             v = [rowcodec.datum_to_python(d) for d in ch.after.columns[:3]]
-            signals.append(parse_signal(*(v + [None] * (3 - len(v)))))
+            try:
+                signals.append(parse_signal(*(v + [None] * (3 - len(v)))))
+            except InvalidSignal as e:
+                log.error("signal ignored: %s", e)
     return data, signals
 
 
 class WindowReconciler:
-    def __init__(self, start_position: pb.Position | None = None) -> None:
+    def __init__(self, start_position: pb.Position | None = None,
+                 stamper: Stamper | None = None) -> None:
         self._lock = threading.Lock()
         self._closed = threading.Condition(self._lock)
         self._windows: dict[str, _Window] = {}
         self._by_table: dict[str, list[_Window]] = {}
-        self._stamper = Stamper(start_position)
+        # Shared with the capture's other emitters (read-only chunks, progress records), so all
+        # positions after one transaction are numbered by one counter.
+        self._stamper = stamper if stamper is not None else Stamper(start_position)
 
     # -- worker side --------------------------------------------------------------------------
 

@@ -20,10 +20,12 @@ from typing import Any
 
 from sluice.capture.snapshot.chunks import ChunkSplitter
 from sluice.capture.snapshot.keys import TableShape, quote
-from sluice.capture.snapshot.readonly import ConsistentReadHold, read_chunk_consistent
+from sluice.capture.snapshot.readonly import (CHUNK_FAILPOINT, ConsistentReadHold,
+                                              read_chunk_consistent)
 from sluice.capture.snapshot.reader import RowConverter, read_chunk
 from sluice.capture.snapshot.signals import watermark_row
 from sluice.capture.snapshot.window import WindowReconciler
+from sluice.core import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class TableRun:
     """Shared bookkeeping of one table's snapshot: next chunk, counters, progress log."""
 
     def __init__(self, shape: TableShape, splitter: ChunkSplitter, estimated_rows: int = 0,
-                 log_every_s: float = 5.0) -> None:
+                 log_every_s: float = 5.0, gate: Callable[[], bool] | None = None) -> None:
         self.shape, self.splitter = shape, splitter
         self.lock = threading.Lock()
         self.rows = self.chunks = 0
@@ -42,14 +44,25 @@ class TableRun:
         self.t0 = self._last_log = time.monotonic()
         self.log_every_s = log_every_s
         self.error: BaseException | None = None
+        # Called before each chunk, outside the lock: blocks while the snapshot is paused,
+        # False once it was stopped (the run ends after the chunks in flight).
+        self.gate = gate
+        self.stopped = False
 
     def next_chunk(self):  # type: ignore[no-untyped-def]
+        if self.gate is not None and not self.gate():
+            self.stopped = True
+            return None
         with self.lock:
             if self.error is not None:
                 return None
             return self.splitter.next_chunk()
 
-    def done(self, rows: int) -> None:
+    def done(self, chunk: Any, rows: int, select_s: float) -> None:
+        # One line per chunk: the count of chunk reads is how a restart proves it resumed.
+        log.info("snapshot chunk read", extra={"fields": {
+            "table": chunk.table, "chunk": chunk.index, "rows": rows,
+            "select_ms": round(select_s * 1000, 1)}})
         with self.lock:
             self.rows += rows
             self.chunks += 1
@@ -88,7 +101,7 @@ def _threads(run: TableRun, parallelism: int, body: Callable[[Any], None],
         t.join()
     if run.error is not None:
         raise run.error
-    run.log("snapshot table done")
+    run.log("snapshot table stopped" if run.stopped else "snapshot table read")
 
 
 def run_signal_table(run: TableRun, reconciler: WindowReconciler, connect: Callable[[], Any],
@@ -107,7 +120,10 @@ def run_signal_table(run: TableRun, reconciler: WindowReconciler, connect: Calla
         try:
             with conn.cursor() as cur:
                 cur.execute(insert, watermark_row(wid, True))
+            failpoint.inject(CHUNK_FAILPOINT)
+            t0 = time.monotonic()
             rows = read_chunk(conn, run.shape, chunk, condition, conv)
+            select_s = time.monotonic() - t0
             reconciler.set_rows(wid, rows)
             with conn.cursor() as cur:
                 cur.execute(insert, watermark_row(wid, False))
@@ -118,15 +134,17 @@ def run_signal_table(run: TableRun, reconciler: WindowReconciler, connect: Calla
             reconciler.abandon(wid)
             raise TimeoutError(f"window {wid} of {chunk.table} chunk {chunk.index} not closed by "
                                f"the binlog reader within {window_timeout_s}s")
-        run.done(len(rows))
+        run.done(chunk, len(rows), select_s)
 
     _threads(run, parallelism, one, connect)
 
 
 def run_read_only(run: TableRun, hold: ConsistentReadHold, connect: Callable[[], Any],
-                  parallelism: int = 1, condition: str = "", max_pending: int | None = None) -> None:
+                  parallelism: int = 1, condition: str = "", max_pending: int | None = None,
+                  on_complete: Callable[[], None] | None = None) -> None:
     """Read-only: every chunk in its own consistent snapshot, handed to the hold. At most
-    `max_pending` (default: parallelism) chunks wait for the reader before a worker reads more."""
+    `max_pending` (default: parallelism) chunks wait for the reader before a worker reads more.
+    `on_complete` runs after each chunk reached the hold (the capture emits what it released)."""
     conv = RowConverter(run.shape.columns)
     limit = max_pending or max(1, parallelism)
 
@@ -134,7 +152,10 @@ def run_read_only(run: TableRun, hold: ConsistentReadHold, connect: Callable[[],
         conn, chunk = arg
         while hold.pending >= limit + parallelism:
             time.sleep(0.005)   # the reader emits chunks; polled, the hold has no waiters
+        t0 = time.monotonic()
         t = read_chunk_consistent(conn, hold, run.shape, chunk, condition, conv)
-        run.done(len(t.rows or ()))
+        run.done(chunk, len(t.rows or ()), time.monotonic() - t0)
+        if on_complete is not None:
+            on_complete()
 
     _threads(run, parallelism, one, connect)

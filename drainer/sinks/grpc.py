@@ -8,12 +8,21 @@ it was (the pumps keep the binlogs for the consumer to come).
 
 Consumers register by naming themselves (`consumer_id`) in a pull or an ack, or up front in the
 sink's `consumers` option; registrations persist in the checkpoint's sink_state. Pulls without a
-consumer_id are served but do not count for GC. An `after_commit_ts` below what the sink still
-holds is OUT_OF_RANGE: the message says how far back it can serve.
+consumer_id are served but do not count for GC.
+
+Replay below the buffer. Invariant: a pull from an `after_commit_ts` below what the buffer holds
+is served whenever the pumps still hold it — the drainer re-reads the pumps from there through a
+private merge (same merge rules, its own dedupe window; producer positions are filtered from
+`after_commit_ts` on, as for a drainer started there) up to the buffer's start, then continues
+from the buffer; it is OUT_OF_RANGE only when a pump no longer holds it (GC), with the pump's
+reason. A consumer first registered by such a pull counts for GC from the buffer's start.
 
 Back-pressure: when `buffer-txns` / `buffer-bytes` are reached the drainer stops merging
 (`has_room`) until consumers acknowledge; nothing is dropped. Transactions travel as the pumps
-stored them (PREWRITE part(s) then COMMIT, serialized `Binlog`s), several per response.
+stored them (PREWRITE part(s) then COMMIT, serialized `Binlog`s), several per response: each is
+kept framed as DrainerPullResp field 1 (drainer.txn.frame), so a response is the concatenation
+of its transactions' bytes plus the watermark, never re-encoded (`serve` yields serialized
+DrainerPullResp bytes; drainer/service.py registers a pass-through serializer).
 """
 from __future__ import annotations
 
@@ -22,19 +31,33 @@ import bisect
 import dataclasses
 import logging
 import operator
-from collections.abc import AsyncIterator
-from itertools import chain
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NamedTuple, Protocol
 
 from sluice.core.errors import ConfigError, InvalidArgument, OutOfRange
 from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_config
-from sluice.drainer.txn import Txn
+from sluice.drainer.txn import Txn, frame
 from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 _commit_ts = operator.itemgetter(0)
 _binlogs = operator.itemgetter(2)
+_payload = operator.itemgetter(5)    # a merge item's framed binlogs
+
+
+def _tail(watermark: int) -> bytes:
+    """DrainerPullResp field 2 (watermark), wire-encoded."""
+    return pb.DrainerPullResp(watermark=watermark).SerializeToString()
+
+
+class Replay(Protocol):
+    """A private merge of the pumps from some ts (drainer.reader.PrivateMerge)."""
+
+    async def next_batch(self, timeout: float) -> tuple[list[tuple], int]:
+        """(merged items, merge watermark); items empty when nothing came within timeout."""
+
+    async def close(self) -> None: ...
 
 __all__ = ["GrpcSink", "GrpcSinkConfig", "RawTxn"]
 
@@ -56,7 +79,7 @@ class RawTxn(NamedTuple):
 
     commit_ts: int
     start_ts: int
-    binlogs: list[bytes]     # PREWRITE part(s), then the COMMIT
+    binlogs: bytes           # PREWRITE part(s), then the COMMIT, framed (drainer.txn.frame)
 
 
 class GrpcSink(Sink):
@@ -67,7 +90,7 @@ class GrpcSink(Sink):
     def __init__(self, options: GrpcSinkConfig) -> None:
         self._cfg = options
         self._cts: list[int] = []          # commit_ts of buffered transactions, ascending
-        self._txns: list[list[bytes]] = []  # their binlogs
+        self._txns: list[bytes] = []       # their binlogs, framed
         self._sizes: list[int] = []
         self._bytes = 0
         self._start = 0     # the buffer holds every transaction with commit_ts > _start
@@ -76,6 +99,11 @@ class GrpcSink(Sink):
         self._changed = asyncio.Event()
         self._room = asyncio.Event()
         self._closed = False
+        self._replay: Callable[[int], Replay] | None = None
+
+    def set_replay(self, open_replay: Callable[[int], Replay]) -> None:
+        """How to re-read the pumps from a ts below the buffer (given by the drainer)."""
+        self._replay = open_replay
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> GrpcSink:
@@ -107,18 +135,18 @@ class GrpcSink(Sink):
             if t.snapshot is not None:
                 com.snapshot.CopyFrom(t.snapshot)
             raw.append(RawTxn(t.commit_ts, t.start_ts,
-                              [pre.SerializeToString(), com.SerializeToString()]))
+                              frame([pre.SerializeToString(), com.SerializeToString()])))
         self.apply_raw(raw)
 
-    def apply_raw(self, batch: list[RawTxn] | list[tuple[int, int, list[bytes]]]) -> None:
-        """Commit-ordered (commit_ts, start_ts, binlogs) tuples (RawTxn or plain)."""
+    def apply_raw(self, batch: list[RawTxn] | list[tuple[int, int, bytes]]) -> None:
+        """Commit-ordered (commit_ts, start_ts, framed binlogs) tuples (RawTxn or plain)."""
         if not batch:
             return
         if batch[0][0] <= self._top:
             raise InvalidArgument(f"grpc sink: commit_ts {batch[0][0]} is not above "
                                   f"{self._top}: batches must come in commit order")
         binlogs = list(map(_binlogs, batch))
-        sizes = [sum(map(len, b)) for b in binlogs]
+        sizes = list(map(len, binlogs))
         self._cts.extend(map(_commit_ts, batch))
         self._txns.extend(binlogs)
         self._sizes.extend(sizes)
@@ -205,19 +233,29 @@ class GrpcSink(Sink):
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def serve(self, after: int, consumer_id: str = "") -> AsyncIterator[pb.DrainerPullResp]:
-        """The merged stream strictly after `after`, then live; ends when the sink closes."""
-        if after < self._start:
+    async def serve(self, after: int, consumer_id: str = "") -> AsyncIterator[bytes]:
+        """The merged stream strictly after `after`, then live; ends when the sink closes.
+        Yields serialized DrainerPullResp messages."""
+        if after < self._start and self._replay is None:
             raise OutOfRange(self._range_message(after))
         if consumer_id and consumer_id not in self._acks:
-            self._acks[consumer_id] = after
-            log.info("grpc sink: consumer %s registered at %d", consumer_id, after)
+            # Below the buffer it is served by replay, but counts for GC from the buffer on.
+            self._acks[consumer_id] = max(after, self._start)
+            log.info("grpc sink: consumer %s registered at %d", consumer_id,
+                     self._acks[consumer_id])
         limit = self._cfg.response_bytes
         sent_wm = -1
         while not self._closed:
-            changed = self._changed
             if after < self._start:
-                raise OutOfRange(self._range_message(after))
+                replay = self._serve_replay(after, consumer_id)
+                try:
+                    async for resp, after in replay:
+                        yield resp
+                finally:
+                    await replay.aclose()   # its pump streams end with this pull, not at GC
+                sent_wm = after
+                continue
+            changed = self._changed
             i = bisect.bisect_right(self._cts, after)
             cts, txns, sizes = self._cts, self._txns, self._sizes
             n = len(cts)
@@ -226,20 +264,47 @@ class GrpcSink(Sink):
                 while j < n and size < limit:
                     size += sizes[j]
                     j += 1
-                out = list(chain.from_iterable(txns[i:j]))
-                i = j
-                after = cts[i - 1]
-                wm = after if i < n else max(after, self._top)
-                yield pb.DrainerPullResp(binlogs=out, watermark=wm)
+                out = b"".join(txns[i:j])
+                after = cts[j - 1]
+                wm = after if j < n else max(after, self._top)
+                yield out + _tail(wm)
                 sent_wm = wm
                 after = wm
                 continue
             if self._top > sent_wm:
                 after = max(after, self._top)
-                yield pb.DrainerPullResp(watermark=self._top)
+                yield _tail(self._top)
                 sent_wm = self._top
                 continue
             try:
                 await asyncio.wait_for(changed.wait(), 1.0)
             except asyncio.TimeoutError:
                 pass
+
+    async def _serve_replay(self, after: int, consumer_id: str
+                            ) -> AsyncIterator[tuple[bytes, int]]:
+        """(response, new after) from a private merge of the pumps, until `after` reaches the
+        buffer's start (read afresh each round: acknowledgements move it)."""
+        if self._replay is None:
+            raise OutOfRange(self._range_message(after))
+        log.info("grpc sink: consumer %r asks after %d, below the buffer (> %d): replaying from "
+                 "the pumps", consumer_id, after, self._start)
+        replay = self._replay(after)
+        try:
+            while not self._closed and after < self._start:
+                items, wm = await replay.next_batch(1.0)
+                bound = self._start
+                # The buffer holds everything above its start: send only up to it.
+                cut = bisect.bisect_right(items, bound, key=_commit_ts) if items else 0
+                new_after = max(after, min(wm, bound))
+                if cut:
+                    new_after = max(new_after, items[cut - 1][0])
+                if cut or new_after > after:
+                    yield b"".join(map(_payload, items[:cut])) + _tail(new_after), new_after
+                    after = new_after
+        except OutOfRange as e:
+            raise OutOfRange(f"after_commit_ts {after} is below this drainer's buffer (> "
+                             f"{self._start}) and the pumps no longer hold it: {e}") from None
+        finally:
+            await replay.close()
+        log.info("grpc sink: consumer %r replay reached the buffer at %d", consumer_id, after)

@@ -18,16 +18,25 @@ stored COMMIT (or FAKE) record verbatim — TxnMeta mirrors Binlog's field numbe
 binlog count, so the envelope costs neither side a parse. Invariant: a chunk's `txns` are either
 empty or describe every binlog of the chunk, in order; a chunk holding a piece of a split (huge)
 transaction has none, and the consumer decodes it.
+
+With `packed = True` (PullBinlogsReq.packed_meta) the same description travels as packed arrays
+instead (PullBinlogsResp fields 5..9): per entry its commit_ts, start_ts and the byte offset where
+its framed binlogs end, plus the indexes of FAKE entries and of entries whose COMMIT may carry a
+producer position (its tag byte occurs in the record). Filling them costs a few list appends per
+transaction; the same invariant holds (all or nothing per chunk).
 """
 from __future__ import annotations
 
 import os
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 import google_crc32c
 import plyvel
+from google.protobuf.message import DecodeError
 
 from sluice.core.errors import CorruptRecord, FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
@@ -92,6 +101,41 @@ def meta_head(n: int) -> bytes:
     return head
 
 
+_POSITION_TAG = 0x4A      # Binlog.position: field 9, length-delimited
+_from_string = pb.Binlog.FromString
+
+
+def packed_meta(cts: list[int], sts: list[int], ends: list[int], fakes: list[int],
+                positioned: list[int]) -> bytes:
+    """PullBinlogsResp fields 5..9 (packed) for one chunk's entries; b"" when there are none."""
+    n = len(cts)
+    if not n:
+        return b""
+    if _BIG_ENDIAN:
+        return _packed_meta_portable(cts, sts, ends, fakes, positioned)
+    out = [b"\x2a", varint(8 * n), array("q", cts).tobytes(),
+           b"\x32", varint(8 * n), array("q", sts).tobytes(),
+           b"\x3a", varint(4 * n), array("I", ends).tobytes()]
+    if fakes:
+        out += (b"\x42", varint(4 * len(fakes)), array("I", fakes).tobytes())
+    if positioned:
+        out += (b"\x4a", varint(4 * len(positioned)), array("I", positioned).tobytes())
+    return b"".join(out)
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _packed_meta_portable(cts: list[int], sts: list[int], ends: list[int], fakes: list[int],
+                          positioned: list[int]) -> bytes:
+    """packed_meta on a big-endian host (protobuf fixed-width fields are little-endian)."""
+    def field(tag: bytes, fmt: str, values: list[int]) -> bytes:
+        data = struct.pack(f"<{len(values)}{fmt}", *values)
+        return tag + varint(len(data)) + data if values else b""
+    return (field(b"\x2a", "q", cts) + field(b"\x32", "q", sts) + field(b"\x3a", "I", ends)
+            + field(b"\x42", "I", fakes) + field(b"\x4a", "I", positioned))
+
+
 def txn_meta(last: bytes, count: int) -> tuple[bytes, bytes, bytes]:
     """The framed TxnMeta of a transaction whose COMMIT (or FAKE) record is `last`."""
     tail = count_field(count)
@@ -114,6 +158,7 @@ class CommitReader:
         self.after = after
         self._watermark = watermark
         self._commits = commits
+        self.packed = False   # describe entries by packed arrays (PullBinlogsReq.packed_meta)
         self._gen: Iterator[tuple[tuple[bytes, ...], int, bool]] | None = None
         self._opened_at = after
         self._done = False
@@ -172,6 +217,12 @@ class CommitReader:
 
     def _chunks(self, entries: Iterable[tuple[bytes, bytes]], max_bytes: int
                 ) -> Iterator[tuple[list[bytes], list[bytes], int, int, bool]]:
+        if self.packed:
+            return self._packed_chunks(entries, max_bytes)
+        return self._meta_chunks(entries, max_bytes)
+
+    def _meta_chunks(self, entries: Iterable[tuple[bytes, bytes]], max_bytes: int
+                     ) -> Iterator[tuple[list[bytes], list[bytes], int, int, bool]]:
         """(framed payloads, framed txn metas, count, covered, exhausted) of about max_bytes
         each.
 
@@ -263,6 +314,113 @@ class CommitReader:
                 whole = True
                 size = count = 0
         yield parts, metas if whole else [], count, covered, True
+
+    def _packed_chunks(self, entries: Iterable[tuple[bytes, bytes]], max_bytes: int
+                       ) -> Iterator[tuple[list[bytes], list[bytes], int, int, bool]]:
+        """`_meta_chunks` describing entries by packed arrays (see the module docstring)."""
+        parts: list[bytes] = []
+        append = parts.append
+        cts: list[int] = []
+        sts: list[int] = []
+        ends: list[int] = []
+        fakes: list[int] = []
+        positioned: list[int] = []
+        whole = True
+        end = 0               # bytes of framed binlogs in this chunk so far
+        size = count = 0
+        covered = self.after
+        heads = _HEADS
+        unpack_key = _E_KEY.unpack
+        unpack_commit = ix.commit_val_unpack
+        unpack_head = HEADER.unpack_from
+        commit_size = ix.COMMIT_VAL_SIZE
+        read = self._read
+        crc32c = _crc
+        tag = _POSITION_TAG
+        wseg, wstart, wbuf = self._w0
+        wlen = len(wbuf)
+        for key, val in entries:
+            if len(val) == commit_size:
+                seg, off, length, _, start_ts, pseg, poff, plen = unpack_commit(val)
+                p = poff - wstart
+                if pseg == wseg and p >= 0 and p + 12 + plen <= wlen:
+                    magic, n, crc = unpack_head(wbuf, p)
+                    pw = wbuf[p + 12:p + 12 + plen]
+                    if magic != MAGIC or n != plen or crc32c(pw) != crc:
+                        self._corrupt(pseg, poff, magic, n, plen)
+                else:
+                    pw = read(pseg, poff, plen)
+                    wseg, wstart, wbuf = self._w0
+                    wlen = len(wbuf)
+                p = off - wstart
+                if seg == wseg and p >= 0 and p + 12 + length <= wlen:
+                    magic, n, crc = unpack_head(wbuf, p)
+                    cm = wbuf[p + 12:p + 12 + length]
+                    if magic != MAGIC or n != length or crc32c(cm) != crc:
+                        self._corrupt(seg, off, magic, n, length)
+                else:
+                    cm = read(seg, off, length)
+                    wseg, wstart, wbuf = self._w0
+                    wlen = len(wbuf)
+                h1 = heads.get(plen) or frame_head(plen)
+                h2 = heads.get(length) or frame_head(length)
+                append(h1)
+                append(pw)
+                append(h2)
+                append(cm)
+                covered = unpack_key(key)[1]
+                if tag in cm:
+                    positioned.append(len(cts))
+                cts.append(covered)
+                sts.append(start_ts)
+                end += len(h1) + plen + len(h2) + length
+                ends.append(end)
+                size += plen + length
+                count += 2
+            else:
+                for payloads, commit_ts, txn_end in self._pieces(((key, val),)):
+                    for payload in payloads:
+                        head = frame_head(len(payload))
+                        append(head)
+                        append(payload)
+                        end += len(head) + len(payload)
+                        size += len(payload)
+                        count += 1
+                    if txn_end:
+                        covered = commit_ts
+                        try:
+                            last = _from_string(payloads[-1])
+                        except DecodeError:
+                            whole = False   # undescribed: the consumer decodes and reports it
+                            last = pb.Binlog()
+                        if last.tp == pb.FAKE:
+                            fakes.append(len(cts))
+                            sts.append(commit_ts)
+                        else:
+                            if last.HasField("position"):
+                                positioned.append(len(cts))
+                            sts.append(last.start_ts)
+                        cts.append(commit_ts)
+                        ends.append(end)
+                    elif size >= max_bytes:   # a huge transaction: split, not yet covered
+                        yield parts, [], count, covered, False
+                        parts = []
+                        append = parts.append
+                        cts, sts, ends, fakes, positioned = [], [], [], [], []
+                        whole = False     # the next chunk starts inside this transaction
+                        size = count = end = 0
+                wseg, wstart, wbuf = self._w0
+                wlen = len(wbuf)
+            if size >= max_bytes:
+                meta = [packed_meta(cts, sts, ends, fakes, positioned)] if whole else []
+                yield parts, meta, count, covered, False
+                parts = []
+                append = parts.append
+                cts, sts, ends, fakes, positioned = [], [], [], [], []
+                whole = True
+                size = count = end = 0
+        meta = [packed_meta(cts, sts, ends, fakes, positioned)] if whole else []
+        yield parts, meta, count, covered, True
 
     def _pinned(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         for key in keys:

@@ -59,7 +59,19 @@ _HASH = struct.Struct(">II")
 _crc32c = google_crc32c.value
 
 
+def _any_prewrite(payloads: list[bytes]) -> bool:
+    """Whether a write carries a PREWRITE (decoded only when the disk is already low); an
+    undecodable payload counts as one, so the write is refused here rather than judged later."""
+    for p in payloads:
+        try:
+            if pb.Binlog.FromString(p).tp == pb.PREWRITE:
+                return True
+        except DecodeError:
+            return True
+    return False
+
 @dataclass
+
 class StorageOptions:
     segment_size: int = 512 << 20
     max_binlog_size: int = 64 << 20
@@ -429,7 +441,13 @@ class Storage:
     # submission (caller's thread)
     # ------------------------------------------------------------------------------------------
 
-    def _check_writable(self) -> None:
+    def _check_writable(self, payloads: list[bytes] | None = None) -> None:
+        """Refuse writes when the storage failed, or new prewrites when the disk is nearly full.
+
+        Below `stop-write-at-available-space` only PREWRITEs (and the empty probe writes that ask
+        "would you take one?") are refused: COMMITs, ROLLBACKs and FAKEs are tiny, and refusing
+        them would leave this pump's transactions unresolved and its watermark still, which
+        stalls every drainer's merge (DESIGN §2.4) instead of only moving producers elsewhere."""
         if self._closed:
             raise FailedPrecondition("storage is closed")
         if self._broken is not None:
@@ -440,9 +458,16 @@ class Storage:
             now = time.monotonic()
             if now - self._disk_checked >= _DISK_CHECK_INTERVAL_S:
                 st = os.statvfs(self.data_dir)
-                self._disk_free = st.f_bavail * st.f_frsize
+                free = st.f_bavail * st.f_frsize
+                try:
+                    # Tests make a running pump see a full disk: `pump-disk-full=raise(BYTES)@K`
+                    # reports BYTES available (0 when not a number) from the K-th check on.
+                    failpoint.inject("pump-disk-full")
+                except failpoint.FailpointError as e:
+                    free = int(str(e)) if str(e).isdigit() else 0
+                self._disk_free = free
                 self._disk_checked = now
-            if self._disk_free < limit:
+            if self._disk_free < limit and (not payloads or _any_prewrite(payloads)):
                 raise ResourceExhausted(
                     f"pump disk nearly full: {self._disk_free} bytes available < "
                     f"stop-write-at-available-space {limit}; writes refused, reads continue")
@@ -460,7 +485,7 @@ class Storage:
         return total
 
     def _submit(self, req: _Req) -> None:
-        self._check_writable()
+        self._check_writable(req.payloads)
         with self._budget_lock:
             if self._inflight_bytes + req.nbytes > self.options.max_inflight_bytes:
                 self._stats["rejected_requests"] += 1

@@ -12,6 +12,12 @@ A group of records is written with one `pwrite` per segment touched and made dur
 a crash never loses a whole file that the index already points into. Recovery (`truncate_to`)
 cuts the log back to the end recorded by the index: that removes a torn tail and every record
 written but never indexed (never acknowledged).
+
+Read descriptors are cached per segment and handed to readers on other threads. Deleting a
+segment (GC) therefore never closes its descriptor at once: a reader that took it a moment
+before would `pread` a closed number, or one the kernel already reused for another file. The
+descriptor is retired and closed `RETIRE_GRACE_S` later; the unlinked file keeps its bytes
+until then, so such a reader still reads exactly what was written.
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +41,7 @@ HEADER = struct.Struct(">III")
 HEADER_SIZE = HEADER.size
 MAX_RECORD = (1 << 32) - 1
 _READ_WINDOW = 256 << 10
+RETIRE_GRACE_S = 60.0  # far longer than any single pread of a window
 _crc = google_crc32c.value
 
 
@@ -93,13 +101,18 @@ def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 class ValueLog:
     """Segment files under `dir`. Appends come from one thread (the committer); reads from any."""
 
-    def __init__(self, directory: str | Path, segment_size: int, sync: bool = True) -> None:
+    def __init__(self, directory: str | Path, segment_size: int, sync: bool = True,
+                 retire_grace_s: float = RETIRE_GRACE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.dir = Path(directory)
         self.segment_size = segment_size
         self.sync_enabled = sync
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # guards the read-fd cache and the segment size table
         self._read_fds: dict[int, int] = {}
+        self._retired: list[tuple[float, int]] = []   # (close after, fd) of deleted segments
+        self._retire_grace_s = retire_grace_s
+        self._clock = clock
         self._sizes: dict[int, int] = {}
         self._wfd = -1
         self._wseg = 0
@@ -308,12 +321,18 @@ class ValueLog:
             return len(self._sizes)
 
     def delete_segment(self, segment: int) -> int:
-        """Unlink a segment file; returns its size."""
+        """Unlink a segment file; returns its size. Its read descriptor is retired, not closed
+        (module docstring)."""
+        now = self._clock()
         with self._lock:
             fd = self._read_fds.pop(segment, None)
             size = self._sizes.pop(segment, 0)
-        if fd is not None:
-            os.close(fd)
+            if fd is not None:
+                self._retired.append((now + self._retire_grace_s, fd))
+            due = [f for t, f in self._retired if t <= now]
+            self._retired = [(t, f) for t, f in self._retired if t > now]
+        for f in due:
+            os.close(f)
         try:
             self.path(segment).unlink()
         except FileNotFoundError:
@@ -325,8 +344,9 @@ class ValueLog:
 
     def close(self) -> None:
         with self._lock:
-            fds = list(self._read_fds.values())
+            fds = list(self._read_fds.values()) + [f for _, f in self._retired]
             self._read_fds.clear()
+            self._retired.clear()
         for fd in fds:
             os.close(fd)
         if self._wfd >= 0:

@@ -203,3 +203,38 @@ def test_a_cluster_with_mariadb_and_capture_carries_a_row_to_the_file_sink(
     finally:
         down = cli("down", "--dir", str(cluster_dir))
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_standby_drainer_runs_as_ha_pair_and_takes_over(cluster_dir: Path, tmp_path: Path) -> None:
+    """`standby = true` runs two HA instances of one drainer: `status` shows the active one and
+    the standby, and after kill -9 of the active one the standby becomes active."""
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(SMALL_CLUSTER.replace("count = 2\nconfig", "count = 1\nconfig")
+                    .replace('sink = "file"\n', 'sink = "file"\nstandby = true\n'))
+    up = cli("up", "--dir", str(cluster_dir), "--config", str(conf))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert re.search(r"^drainer-file\s+\d+\s+yes\s+online \(active\)\s+yes", up.stdout,
+                         re.M), up.stdout
+        assert re.search(r"^drainer-file-standby\s+\d+\s+yes\s+standby", up.stdout, re.M), up.stdout
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None
+        import tomllib
+        for name in ("drainer-file", "drainer-file-standby"):
+            conf_of = tomllib.loads(Path(state.find(name).config_path).read_text())
+            assert conf_of["ha"] is True and conf_of["name"] == "drainer-file"
+
+        def roles() -> dict[str, tuple[str, str]]:
+            st = cli("status", "--dir", str(cluster_dir), "--json")
+            rows = json.loads(st.stdout)["processes"]
+            return {r["process"]: (r.get("role", ""), r["state"]) for r in rows
+                    if r["process"].startswith("drainer-file")}
+        assert roles() == {"drainer-file": ("active", "online"),
+                           "drainer-file-standby": ("standby", "standby")}
+
+        os.kill(state.find("drainer-file").pid, signal.SIGKILL)
+        wait_until(lambda: roles().get("drainer-file-standby") == ("active", "online"), 40, 0.5,
+                   what="the standby to take over")
+    finally:
+        down = cli("down", "--dir", str(cluster_dir))
+        assert down.returncode == 0, down.stdout + down.stderr

@@ -147,6 +147,8 @@ def test_non_sluice_commands_exist_where_the_image_installs_them(model: dict[str
     for jar in cp.split(":"):
         assert Path(jar).exists(), f"{jar} (libderby-java) missing"
     assert "org.apache.derby.drda.NetworkServerControl" in meta["command"]
+    from sluice.spark_sink.metastore import DERBY_SERVER_PROPS
+    assert set(DERBY_SERVER_PROPS) <= set(meta["command"]), "the same Derby lock settings as local"
     assert meta["command"][meta["command"].index("-h") + 1] == "0.0.0.0"
     for db in ("mariadb",):
         flags = services[db]["command"]

@@ -434,6 +434,32 @@ def test_drainer_states_and_checkpoint_show_and_set(live: Live) -> None:
         reg.set_state(NodeKind.DRAINER, name, NodeState.OFFLINE, force=True)
 
 
+def test_drainers_lists_live_standbys_even_without_an_active_instance(live: Live) -> None:
+    """`ctl drainers` shows the standbys from their lease-backed keys, not from the label the
+    active instance writes: after the active one died (its label stale) and before any instance
+    was ever active (no status at all)."""
+    from sluice.drainer.ha import standby_prefix
+    reg = live.registry
+    gone, fresh = "ctl-ha-gone", "ctl-ha-fresh"
+    reg.register(NodeStatus(node_id=gone, kind=NodeKind.DRAINER, addr="127.0.0.1:2",
+                            state=NodeState.ONLINE, labels={"standby": "127.0.0.1:9"}))
+    beats = [Heartbeat(reg.etcd, standby_prefix(reg, gone) + "127.0.0.1:3", "", 5).start(),
+             Heartbeat(reg.etcd, standby_prefix(reg, fresh) + "127.0.0.1:4", "", 5).start()]
+    try:
+        r = live.ctl_in("drainers")
+        assert r.code == 0, r.err
+        row = next(line for line in r.out.splitlines() if line.startswith(gone))
+        assert "standby=127.0.0.1:3" in row and "127.0.0.1:9" not in row
+        assert f"drainer {fresh}: no active instance yet; standbys waiting at 127.0.0.1:4" in r.out
+        docs = by_id(live.ctl_in("drainers", "--json").json())
+        assert docs[gone]["labels"]["standby"] == "127.0.0.1:3"
+        assert docs[fresh]["standbys"] == ["127.0.0.1:4"] and docs[fresh]["state"] is None
+    finally:
+        for b in beats:
+            b.stop()
+        reg.set_state(NodeKind.DRAINER, gone, NodeState.OFFLINE, force=True)
+
+
 def test_real_drainer_pauses_resumes_goes_offline_and_then_takes_a_checkpoint_set(live: Live) -> None:
     """A real drainer finishes what ctl asks (paused, online again, offline and exit); only then,
     not alive, does it take a checkpoint set."""

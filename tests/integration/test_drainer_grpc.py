@@ -76,7 +76,7 @@ def commits_in_order(binlogs: list[pb.Binlog]) -> list[int]:
 def test_grpc_sink_serves_the_merged_stream_and_checkpoints_at_the_lowest_ack(cluster: Cluster) -> None:
     """The grpc sink's checkpoint is the lowest commit_ts every registered consumer acknowledged:
     it does not move without an Ack, follows the Ack, survives a drainer restart (the consumer
-    resumes from its ack), and a pull from before it is OUT_OF_RANGE with a clear message."""
+    resumes from its ack), and a pull from before it is still served while the pumps hold it."""
     etcd = Etcd(cluster.etcd)
     reg = Registry(etcd, CLUSTER_ID)
     t = TS(cluster.tso_addrs, CLUSTER_ID)
@@ -97,10 +97,8 @@ def test_grpc_sink_serves_the_merged_stream_and_checkpoints_at_the_lowest_ack(cl
     ack(d.addr, mid)
     wait_until(lambda: read_checkpoint(reg, "d-grpc").commit_ts == mid, 5, what="checkpoint = ack")
     assert reg.get(NodeKind.DRAINER, "d-grpc").status.checkpoint == mid
-    with pytest.raises(grpc.RpcError) as e:
-        pull(d.addr, t0, set(want))
-    assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE
-    assert f"commit_ts > {mid}" in e.value.details()
+    # The buffer now holds only > mid; the pumps still hold it all: replayed, then the buffer.
+    assert commits_in_order(pull(d.addr, t0, set(want), consumer="")) == want
     # Restart: the drainer resumes from the acknowledged point; the consumer gets the rest.
     d.proc.stop()
     assert d.proc.popen.returncode == 0
@@ -113,3 +111,46 @@ def test_grpc_sink_serves_the_merged_stream_and_checkpoints_at_the_lowest_ack(cl
     wait_until(lambda: not d.proc.alive(), 10)
     w.close()
     etcd.close()
+
+
+def test_grpc_sink_replays_below_its_buffer_and_is_out_of_range_only_after_pump_gc(
+        tmp_path, etcd) -> None:  # type: ignore[no-untyped-def]
+    """A pull from an after_commit_ts below the grpc sink's buffer is served whenever the pumps
+    still hold it (re-read through a private merge, then the buffer); it is OUT_OF_RANGE only
+    when a pump no longer holds it (GC), with the pump's reason."""
+    c = Cluster(tmp_path, etcd.endpoint)
+    try:
+        c.start_tso()
+        c.start_pump("pump-1", **{"storage.segment-size": 8192, "gc-interval": 0.3,
+                                  "gc-retention": 0.0})
+        c.start_pump("pump-2")
+        t = TS(c.tso_addrs, CLUSTER_ID)
+        t0 = t.get()
+        t.close()
+        w = TxnWriter(c, [table_info(6, "g", "r")], seed=5)
+        d = c.start_drainer("d-replay", sink="grpc", **{"initial-commit-ts": t0,
+                                                        "to.consumers": ["c1"]})
+        w.declare("pump-1")
+        w.write(400, ["pump-1", "pump-2"], group=50)
+        want = sorted(a.commit_ts for a in w.acked)
+        assert commits_in_order(pull(d.addr, t0, set(want))) == want
+        q3 = want[3 * len(want) // 4]
+        ack(d.addr, q3)
+        # Replay: the buffer holds > q3 only; both pumps still hold everything after t0.
+        assert commits_in_order(pull(d.addr, t0, set(want), consumer="")) == want
+        # GC on pump-1 follows the drainer's checkpoint (q3): then t0 is gone from it.
+        ch, stub = c.pumps["pump-1"].stub()
+        status = lambda: stub.Status(pb.PumpStatusReq(cluster_id=CLUSTER_ID), timeout=5)  # noqa: E731
+        wait_until(lambda: status().gc_ts > t0, 30, what="pump-1 GC past t0")
+        gc_ts = status().gc_ts
+        ch.close()
+        with pytest.raises(grpc.RpcError) as e:
+            pull(d.addr, t0, set(want), consumer="")
+        assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert "pump-1" in e.value.details() and "garbage-collected" in e.value.details()
+        # From the GC ts on it is still there: replayed up to the buffer, then the buffer.
+        rest = [x for x in want if x > gc_ts]
+        assert commits_in_order(pull(d.addr, gc_ts, set(rest), consumer="")) == rest
+        w.close()
+    finally:
+        c.stop()

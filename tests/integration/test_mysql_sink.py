@@ -294,7 +294,8 @@ def test_a_permanent_error_stops_naming_table_and_commit_ts(mariadb_module):
 
 def test_a_newer_epoch_fences_the_old_sink_which_then_writes_nothing(mariadb_module):
     """A stale writer writes nothing: after a sink with a higher epoch opens, the first sink's
-    next batch fails with SinkFenced and none of its rows reach the downstream."""
+    next batch fails with SinkFenced, none of its rows reach the downstream, and its reconnecting
+    workers leave the new owner's recorded connection ids alone."""
     db = fresh_db(mariadb_module, "fence")
     u = Table(66, db, "users", USERS.columns, USERS.primary, dict(USERS.unique))
     mariadb_module.execute(create_sql(u))
@@ -309,9 +310,14 @@ def test_a_newer_epoch_fences_the_old_sink_which_then_writes_nothing(mariadb_mod
         await old.flush()
         new = sink_for(mariadb_module, history, f"{db}_cp", epoch=2, **{"worker-count": 4})
         await new.open(Checkpoint(old.checkpoint().commit_ts))
+        recorded = f"SELECT slot, conn_id FROM `{db}_cp`.sluice_checkpoint WHERE name='d1' ORDER BY slot"
+        owners = mariadb_module.execute(recorded)
         with pytest.raises(SinkFenced, match="epoch 1 but .*has epoch 2"):
             await old.apply(txns[21:41])
             await old.flush()
+        # Its workers' connections were killed; reconnecting, they must not record themselves
+        # over the new owner's connection ids (a later takeover kills what is recorded).
+        assert mariadb_module.execute(recorded) == owners
         assert isinstance(SinkFenced("x"), StaleEpoch)
         # The old drainer cannot come back with its epoch either.
         stale = sink_for(mariadb_module, history, f"{db}_cp", epoch=1, **{"worker-count": 1})

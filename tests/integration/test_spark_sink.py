@@ -1,93 +1,23 @@
 """The Spark sink through a real Derby metastore and a real SparkSession (docs/spark.md)."""
 from __future__ import annotations
 
-import datetime as _dt
 import decimal
 from typing import Any
 
 import pytest
 
-from sluice.core.rowcodec import python_to_datum, row_to_dict
-from sluice.drainer.sink import Checkpoint, load_sink
-from sluice.drainer.txn import SchemaHistory, Txn
-from sluice.proto import sluice_pb2 as pb
-from sluice.spark_sink import types as ST
+from sluice.core.rowcodec import row_to_dict
+from sluice.drainer.sink import Checkpoint
+from sluice.drainer.txn import SchemaHistory
 from sluice.spark_sink.commit import Fenced
-from sluice.spark_sink.tables import UnmappableChange, key_of_info
+from sluice.spark_sink.tables import UnmappableChange
 from tests.support.rows import RandomWorkload, Table, col, ddl_txn, prewrite_value, schema_txn, txn
-from tests.support.spark import SparkEnv, run, spark_env  # noqa: F401
+from tests.support.spark import (SparkEnv, drive, expected_changes, expected_rows, history,  # noqa: F401
+                                 make_sink, norm, run, spark_env, view_rows)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
 T0 = 1 << 40
-
-
-def spark_value(v: Any, c: pb.ColumnInfo) -> Any:
-    """What the sink stores for model value v of column c, normalised for comparison."""
-    if v is None:
-        return None
-    st = ST.spark_type(c)
-    return norm(ST.converter(st)(python_to_datum(v, c)))
-
-
-def norm(v: Any) -> Any:
-    if isinstance(v, (bytearray, memoryview)):
-        return bytes(v)
-    if isinstance(v, _dt.datetime) and v.tzinfo is not None:
-        return v.astimezone(_dt.timezone.utc).replace(tzinfo=None)
-    if isinstance(v, decimal.Decimal):
-        return v.normalize()
-    return v
-
-
-def expected_rows(w: RandomWorkload, t: Table) -> list[tuple]:
-    rows = w.model[t.name]
-    rows = rows.values() if isinstance(rows, dict) else rows
-    return sorted((tuple(spark_value(r.get(c.name), c) for c in t.visible) for r in rows), key=repr)
-
-
-def view_rows(env: SparkEnv, view: str, t: Table) -> list[tuple]:
-    cols = ", ".join(f"`{c.name}`" for c in t.visible)
-    return sorted((tuple(norm(x) for x in r) for r in env.rows(f"SELECT {cols} FROM {view}")), key=repr)
-
-
-def history(txns: list[Txn]) -> SchemaHistory:
-    h = SchemaHistory()
-    for t in txns:
-        h.apply(t)
-    return h
-
-
-async def drive(sink: Any, txns: list[Txn], schema: SchemaHistory, per_apply: int = 50) -> None:
-    """Apply like the drainer: schema effects recorded before the batch reaches the sink."""
-    for i in range(0, len(txns), per_apply):
-        chunk = txns[i:i + per_apply]
-        for t in chunk:
-            if t.prewrite.schema_snapshots or t.is_ddl:
-                schema.apply(t)
-        await sink.apply(chunk)
-    await sink.flush()
-
-
-def make_sink(env: SparkEnv, name: str, schema: SchemaHistory, epoch: int = 0, **kw: Any) -> Any:
-    cfg = env.sink_config(name, **kw)
-    return load_sink("spark", cfg, schema=schema, source_name="src", epoch=epoch, spark=env.spark)
-
-
-def expected_changes(txns: list[Txn], schema: SchemaHistory) -> list[tuple[int, int, str]]:
-    """(commit_ts, _seq, _op) of every change, in commit order, computed from the transactions."""
-    out = []
-    for t in txns:
-        for ev in t.rows(schema):
-            key = key_of_info(ev.table_info)
-            if ev.op == "u":
-                b, a = row_to_dict(ev.before, ev.table_info), row_to_dict(ev.after, ev.table_info)
-                changed = (b != a) if not key else any(b[k] != a[k] for k in key)
-                if changed:
-                    out += [(t.commit_ts, 2 * ev.seq, "d"), (t.commit_ts, 2 * ev.seq + 1, "c")]
-                    continue
-            out.append((t.commit_ts, 2 * ev.seq, ev.op))
-    return out
 
 
 def test_random_transactions_land_exactly_once(spark_env: SparkEnv) -> None:
@@ -235,3 +165,53 @@ def test_compaction_keeps_results_and_fence_hides_stale_batch(spark_env: SparkEn
     assert [tuple(r) for r in env.rows(q)] == [want[k] for k in sorted(want)]
     assert env.rows("SELECT count(*), count(DISTINCT _commit_ts, _seq) FROM ha_inv.items_changelog")[0] \
         == (60, 60)
+
+
+def test_truncate_rename_drop_create_effects(spark_env: SparkEnv) -> None:
+    """DDL effects (docs/spark.md): TRUNCATE empties the current state from the batch that
+    commits it (the changelog keeps every change plus a `t` marker); RENAME moves both views,
+    history included; DROP TABLE removes the views, also for a restarted sink, and keeps the raw
+    history; CREATE of the same table id starts an empty table whose columns start fresh."""
+    env = spark_env
+    v1 = Table(311, "ddl", "orders", [col("id", "int(11)", nullable=False), col("amt", "int(11)")],
+               primary=["id"])
+    ts = iter(range(T0, T0 + 1000))
+
+    def ins(t: Table, i: int, amt: Any) -> Any:
+        return txn(prewrite_value(t.mutation(t.insert(id=i, amt=amt))), next(ts))
+
+    def tables() -> set[str]:
+        return {r["tableName"] for r in env.rows("SHOW TABLES IN dl_ddl")}
+
+    schema = SchemaHistory()
+    sink = make_sink(env, "dl", schema)
+    run(sink.open(Checkpoint(0)))
+    run(drive(sink, [schema_txn(next(ts), v1), ins(v1, 1, 1), ins(v1, 2, 2)], schema))
+    assert [tuple(r) for r in env.rows("SELECT id, amt FROM dl_ddl.orders ORDER BY id")] == [(1, 1), (2, 2)]
+    # TRUNCATE then an insert, in one batch: only the insert after it remains.
+    run(drive(sink, [ddl_txn(next(ts), v1.truncate_ddl("TRUNCATE orders")), ins(v1, 3, 3)], schema))
+    assert [tuple(r) for r in env.rows("SELECT id, amt FROM dl_ddl.orders")] == [(3, 3)]
+    # TRUNCATE alone in its batch: the table is empty.
+    run(drive(sink, [ddl_txn(next(ts), v1.truncate_ddl("TRUNCATE orders"))], schema))
+    assert env.rows("SELECT count(*) FROM dl_ddl.orders")[0][0] == 0
+    # RENAME: the views move, the history moves with them.
+    v2 = v1.rename("ddl", "orders2")
+    run(drive(sink, [ins(v1, 4, 4), ddl_txn(next(ts), v2.rename_ddl(v1, "RENAME TABLE orders TO orders2")),
+                     ins(v2, 5, 5)], schema))
+    assert tables() == {"orders2", "orders2_changelog"}
+    assert [tuple(r) for r in env.rows("SELECT id, amt FROM dl_ddl.orders2 ORDER BY id")] == [(4, 4), (5, 5)]
+    ops = [r[0] for r in env.rows("SELECT _op FROM dl_ddl.orders2_changelog ORDER BY _commit_ts, _seq")]
+    assert ops == ["c", "c", "t", "c", "t", "c", "c"]
+    # DROP TABLE: the views go (and stay gone for a restarted sink); the raw history stays.
+    run(drive(sink, [ddl_txn(next(ts), v2.drop_ddl("DROP TABLE orders2"))], schema))
+    assert tables() == set()
+    sink2 = make_sink(env, "dl", schema)
+    run(sink2.open(Checkpoint(0)))
+    assert tables() == set()
+    assert env.rows("SELECT count(*) FROM m_dl.t311_raw")[0][0] == 7
+    # CREATE again under the same id with another type for amt: an empty table, fresh columns.
+    v3 = Table(311, "ddl", "orders2", [col("id", "int(11)", nullable=False), col("amt", "varchar(10)")],
+               primary=["id"], version=v2.version + 2)
+    run(drive(sink2, [ddl_txn(next(ts), v3.create_ddl("CREATE TABLE orders2 ...")), ins(v3, 9, "x")], schema))
+    assert [tuple(r) for r in env.rows("SELECT id, amt FROM dl_ddl.orders2")] == [(9, "x")]
+    assert env.spark.table("dl_ddl.orders2").schema["amt"].dataType.simpleString() == "string"

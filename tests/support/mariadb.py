@@ -42,6 +42,14 @@ class MariaDBServer:
     def dsn(self, database: str = "") -> str:
         return f"mysql://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
 
+    @property
+    def tmpdir(self) -> Path:
+        """A private tmpdir: in a shared /tmp one server's temp-table files were seen removed
+        under another's feet (a crash in ha_maria::drop_table, a failed install)."""
+        d = self.workdir / "tmp"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
     def _base_args(self) -> list[str]:
         args = [
             "--no-defaults", f"--datadir={self.datadir}", f"--port={self.port}",
@@ -51,7 +59,7 @@ class MariaDBServer:
             "--max-allowed-packet=256M", f"--server-id={self.server_id}",
             "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=48M",
             "--innodb-flush-log-at-trx-commit=2", "--sync-binlog=0",
-            f"--log-error={self.workdir / 'error.log'}",
+            f"--log-error={self.workdir / 'error.log'}", f"--tmpdir={self.tmpdir}",
         ]
         if self.binlog:
             args += [f"--log-bin={self.datadir / 'mariadb-bin'}", "--binlog-format=ROW",
@@ -63,7 +71,8 @@ class MariaDBServer:
     def _install(self) -> None:
         self.datadir.mkdir(parents=True, exist_ok=True)
         argv = ["mariadb-install-db", "--no-defaults", f"--datadir={self.datadir}",
-                "--auth-root-authentication-method=normal", "--skip-test-db"]
+                "--auth-root-authentication-method=normal", "--skip-test-db",
+                f"--tmpdir={self.tmpdir}"]
         if os.geteuid() == 0:
             argv.append("--user=root")
         out = subprocess.run(argv, capture_output=True, text=True, timeout=120)

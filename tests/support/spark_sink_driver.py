@@ -66,14 +66,18 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-async def drive_one(workdir: Path, port: int, state_dir: Path, name: str, chunk: int) -> dict[str, Any]:
+async def drive_one(workdir: Path, port: int, state_dir: Path, name: str, chunk: int,
+                    spark: Any = None) -> dict[str, Any]:
+    """Drive sink `name` from its saved checkpoint to the end (in `spark`, or this process's
+    own session); the JSON summary line's fields."""
     txns, _ = build()
     # The drainer records schema history before a batch reaches the sink; the whole history up
     # front is equivalent here (every version is keyed by commit_ts).
     schema = history_of(txns)
     state_path = state_dir / f"{name}.json"
     state = load_state(state_path)
-    sink = SparkSink(sink_config(workdir, port, name), schema, source_name="src", epoch=1)
+    sink = SparkSink(sink_config(workdir, port, name), schema, source_name="src", epoch=1,
+                     spark=spark)
     await sink.open(Checkpoint(state["commit_ts"], sink_state=state.get("sink_state", {})))
     committed = sink.checkpoint().commit_ts
     # Resume from the drainer's checkpoint, like PullBinlogs(after_commit_ts=checkpoint): the

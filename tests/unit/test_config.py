@@ -154,3 +154,46 @@ def test_process_exits_2_with_one_line_naming_the_key(tmp_path: Path) -> None:
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert "bad.toml" in lines[0] and "'lease-tll'" in lines[0] and "lease-ttl" in lines[0]
+
+
+@dataclass
+class Source:
+    user: str = "root"
+    password: str = ""
+
+
+@dataclass
+class WithSecrets:
+    source: Source = field(default_factory=Source)
+    admin_password: str = ""
+
+
+def test_passwords_come_from_env_or_file_and_errors_never_show_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key named `password` (or ending in `-password`) may say `env:NAME` or `file:PATH`, so
+    TOML files, `--set` flags and process listings need not carry the secret; the value is
+    resolved at load time and never appears in an error message."""
+    monkeypatch.setenv("SLUICE_TEST_PW", "s3cret-env")
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-file\n")
+    f = tmp_path / "c.toml"
+    f.write_text(f'admin-password = "file:{secret}"\n[source]\npassword = "env:SLUICE_TEST_PW"\n')
+    c = config.load(WithSecrets, f)
+    assert c.source.password == "s3cret-env" and c.admin_password == "s3cret-file"
+    assert config.load(WithSecrets, f, ["source.password=plain"]).source.password == "plain"
+    # only secret keys are resolved: any other string is taken as written
+    assert config.load(WithSecrets, None, ["source.user=env:SLUICE_TEST_PW"]).source.user \
+        == "env:SLUICE_TEST_PW"
+    with pytest.raises(ConfigError, match=r"key 'source.password': environment variable "
+                                          r"'SLUICE_NOT_SET_PW' is not set"):
+        config.load(WithSecrets, None, ["source.password=env:SLUICE_NOT_SET_PW"])
+    with pytest.raises(ConfigError, match="cannot read secret file") as e:
+        config.load(WithSecrets, None, [f"admin-password=file:{tmp_path / 'missing'}"])
+    assert "s3cret" not in str(e.value)
+    # the real configs take it too: the capture's source and the MySQL sink's [to]
+    from sluice.capture.config import CaptureConfig
+    from sluice.drainer.sinks.mysql import MySQLSinkConfig
+    cap = config.load(CaptureConfig, None, ["producer-id=c1", "source.password=env:SLUICE_TEST_PW"])
+    assert cap.source.password == "s3cret-env"
+    assert config.from_dict(MySQLSinkConfig, {"password": f"file:{secret}"}, "to").password \
+        == "s3cret-file"

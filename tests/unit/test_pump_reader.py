@@ -121,3 +121,50 @@ def test_corruption_is_reported_with_file_and_offset(tmp_path: Path) -> None:
             st.open_reader(0).next_chunk(1 << 20)
         assert e.value.path == str(seg_path) and e.value.offset == loc[1]
         assert "CRC32C" in str(e.value)
+
+
+def test_packed_metadata_describes_every_binlog_of_a_chunk_or_none(tmp_path: Path) -> None:
+    """With packed metadata a chunk's arrays are either empty or describe every binlog of the
+    chunk, in order: per entry its commit_ts, start_ts and where its framed binlogs end, FAKE
+    entries and every COMMIT carrying a position flagged."""
+    with Storage.open(tmp_path, StorageOptions(segment_size=1500)) as st:
+        _mixed(st)
+        positioned = pb.Binlog.FromString(cm(31, 32))
+        positioned.position.file_seq, positioned.position.offset = 1, 4
+        st.write_blocking([pw(31, b"q" * 40), positioned.SerializeToString()])
+        for max_bytes in (1, 250, 1 << 20):
+            reader = st.open_reader(0)
+            reader.packed = True
+            described = undescribed = 0
+            while True:
+                chunk = reader.next_chunk(max_bytes)
+                raw = chunk.frames + chunk.txns
+                resp = pb.PullBinlogsResp.FromString(raw)
+                binlogs = [pb.Binlog.FromString(b) for b in resp.binlogs]
+                assert not resp.txns
+                if not resp.txn_end:
+                    undescribed += len(binlogs)
+                else:
+                    n = len(resp.txn_end)
+                    assert len(resp.txn_commit_ts) == len(resp.txn_start_ts) == n
+                    start = 0
+                    got: list[pb.Binlog] = []
+                    for i, end in enumerate(resp.txn_end):
+                        txn = [pb.Binlog.FromString(b) for b in
+                               pb.DrainerPullResp.FromString(raw[start:end]).binlogs]
+                        start = end
+                        last = txn[-1]
+                        assert resp.txn_commit_ts[i] == last.commit_ts
+                        assert resp.txn_start_ts[i] == last.start_ts
+                        assert (i in resp.fake_index) == (last.tp == pb.FAKE)
+                        if last.HasField("position"):
+                            assert i in resp.positioned_index
+                        assert all(b.start_ts == last.start_ts for b in txn)
+                        got += txn
+                    assert [b.SerializeToString() for b in got] == list(resp.binlogs)
+                    described += len(binlogs)
+                if chunk.exhausted:
+                    break
+            assert described + undescribed == len(reference(st, 0))
+            if max_bytes == 1 << 20:
+                assert undescribed == 0

@@ -21,7 +21,7 @@ PURGED = StartState(has_position=True, position_on_source=False, snapshot_finish
     (M.INITIAL_ONLY, RUNNING, "resume", False, "saved"),
     (M.INITIAL_ONLY, DONE, "none", False, "saved"),
     (M.NO_DATA, FRESH, "none", True, "current"),
-    (M.NO_DATA, RUNNING, "none", True, "saved"),
+    (M.NO_DATA, RUNNING, "resume", True, "saved"),
     (M.WHEN_NEEDED, FRESH, "new", True, "current"),
     (M.WHEN_NEEDED, RUNNING, "resume", True, "saved"),
     (M.WHEN_NEEDED, PURGED, "new", True, "current"),
@@ -29,7 +29,7 @@ PURGED = StartState(has_position=True, position_on_source=False, snapshot_finish
 ])
 def test_mode_decisions(mode: M, state: StartState, snapshot: str, stream: bool, start: str) -> None:
     """Invariant: a capture never streams from a position it cannot prove complete; an
-    unfinished snapshot is resumed, never silently abandoned (except by no_data)."""
+    unfinished snapshot is resumed, never silently abandoned."""
     plan = decide(mode, state)
     assert (plan.snapshot, plan.stream, plan.stream_from) == (snapshot, stream, start), plan.reason
 

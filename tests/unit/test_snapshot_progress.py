@@ -31,3 +31,34 @@ def test_progress_covers_only_the_emitted_prefix() -> None:
     assert s.current_table == "d.b" and s.chunks_done == 0 and s.last_chunk_end is None
     s = t.emitted(chunk(0, last=True, table="d.b"), 1)
     assert s.finished and s.rows_done == 26
+
+
+def test_the_latest_progress_over_pumps_is_the_one_recorded_at_the_greatest_position() -> None:
+    """Each pump keeps the progress of the last transaction it committed; the capture resumes
+    from the one recorded at the greatest source position: a new unfinished snapshot beats an
+    old finished one, and a resume beats the pause before it although they look alike."""
+    from sluice.capture.writer import latest_progress, pump_txns
+    from sluice.proto import sluice_pb2 as pb
+
+    def prog(sid: str, finished: bool, chunks: int, paused: bool, offset: int) -> pb.SnapshotProgress:
+        p = pb.SnapshotProgress(snapshot_id=sid, tables=["d.t"], current_table="d.t",
+                                chunks_done=chunks, finished=finished, paused=paused)
+        p.recorded_at.CopyFrom(pb.Position(file_seq=1, offset=offset))
+        return p
+
+    old_done, new_started = prog("a", True, 9, False, 100), prog("b", False, 1, False, 200)
+    assert latest_progress([old_done, new_started]).snapshot_id == "b"
+    assert latest_progress([new_started, old_done]).snapshot_id == "b"
+    paused, resumed = prog("b", False, 3, True, 300), prog("b", False, 3, False, 400)
+    assert not latest_progress([resumed, paused]).paused
+    assert latest_progress([paused, resumed]) is resumed
+    # the writer stamps the position of the transaction that carries the progress
+    class Src:  # the attributes pump_txns reads from a SourceTxn
+        empty = False
+        position = pb.Position(file_seq=2, offset=7)
+        snapshot = pb.SnapshotProgress(snapshot_id="c")
+
+        def prewrite_values(self, source_name: str) -> list[pb.PrewriteValue]:
+            return [pb.PrewriteValue()]
+    (_, pos, snap), = pump_txns([Src()], "src")  # type: ignore[list-item]
+    assert snap is not None and snap.recorded_at == pos and not Src.snapshot.HasField("recorded_at")

@@ -66,3 +66,34 @@ def test_etcd_signal_values() -> None:
         parse_etcd_signal("/c1/signals/capture-1/sig-10", b"nope")
     with pytest.raises(InvalidSignal, match="must be an object with 'type'"):
         parse_etcd_signal("/c1/signals/capture-1/sig-11", b"{}")
+
+
+def test_stop_snapshot_of_listed_tables_keeps_the_rest() -> None:
+    """stop-snapshot with data-collections drops only the matching tables not done yet; without
+    them (or when nothing is left) the snapshot is finished."""
+    from sluice.capture.snapshot.progress import SnapshotState
+    from sluice.capture.snapshotter import _stopped
+    st = SnapshotState("s1", ("a.t1", "a.t2", "b.t3", "b.t4"), current_table="a.t2",
+                       last_chunk_end=(10,), chunks_done=3)
+    kept, restart = _stopped(st, ["b\\.t3"])
+    assert (kept.tables, kept.current_table, kept.chunks_done, restart) == (
+        ("a.t1", "a.t2", "b.t4"), "a.t2", 3, False)
+    moved, restart = _stopped(st, ["a\\..*"])
+    assert (moved.tables, moved.current_table, moved.last_chunk_end, restart) == (
+        ("a.t1", "b.t3", "b.t4"), "b.t3", None, True)
+    done, restart = _stopped(st, ["a\\.t2", "b\\..*"])
+    assert done.finished and restart and done.tables == ("a.t1",)
+    everything, restart = _stopped(st, [])
+    assert everything.finished and restart
+
+
+def test_ctl_refuses_an_invalid_signal_before_writing_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariant (ctl snapshot): ctl only ever writes a signal the capture would accept — a bad
+    regex or filter is refused here (exit 2) and never reaches etcd (none runs at this address)."""
+    from sluice.ctl import main as cli
+    base = ["ctl", "--etcd", "127.0.0.1:1", "--timeout", "1", "snapshot", "execute",
+            "--producer", "cap-1"]
+    assert cli.main(base + ["--tables", "db\\.(t"]) == 2
+    assert "not a valid regex" in capsys.readouterr().err
+    assert cli.main(base + ["--tables", "db\\.t", "--condition", "1; DROP TABLE x"]) == 2
+    assert "may not contain ';'" in capsys.readouterr().err

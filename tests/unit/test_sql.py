@@ -113,12 +113,27 @@ def test_tables_are_merged_separately_and_long_batches_are_split(monkeypatch: py
     monkeypatch.setattr(sql, "MAX_ROWS_PER_STATEMENT", 2)
     chs = changes(*[T.insert(id=i, v=i) for i in range(3)]) + changes(NAMES.insert(name="n", v=0), table=NAMES)
     assert stmts(chs) == [
+        "INSERT INTO `db`.`names` (`name`,`v`) VALUES ('n',0)",
         "INSERT INTO `db`.`t` (`id`,`uk`,`v`) VALUES (0,NULL,0),(1,NULL,1)",
         "INSERT INTO `db`.`t` (`id`,`uk`,`v`) VALUES (2,NULL,2)",
-        "INSERT INTO `db`.`names` (`name`,`v`) VALUES ('n',0)",
     ]
     composite = Table(4, "db", "c", [col("a", "int(11)", nullable=False), col("b", "varchar(3)", nullable=False)],
                       primary=["a", "b"])
     h = history_of([schema_txn(10, composite)])
     cs = Translator().translate(txn(prewrite_value(composite.mutation(composite.delete(a=1, b="x"))), 20), h)
     assert stmts(cs) == ["DELETE FROM `db`.`c` WHERE (`a` = 1 AND `b` = 'x')"]
+
+
+def test_merged_statements_lock_rows_in_identity_order_and_tables_in_name_order():
+    """Concurrent workers lock their rows in one direction: a batch's merged statements list
+    tables by name and rows by identity, whatever the source order."""
+    chs = changes(T.insert(id=9, v=1), T.delete(id=7, v=0), T.insert(id=3, v=1), T.delete(id=5, v=0),
+                  T.update(dict(id=8, v=0), dict(v=2)), T.update(dict(id=2, v=0), dict(v=3)))
+    chs = changes(NAMES.insert(name="z", v=0), NAMES.insert(name="a", v=0), table=NAMES) + chs
+    assert stmts(chs) == [
+        "INSERT INTO `db`.`names` (`name`,`v`) VALUES ('a',0),('z',0)",
+        "DELETE FROM `db`.`t` WHERE `id` IN (5,7)",
+        "INSERT INTO `db`.`t` (`id`,`uk`,`v`) VALUES (3,NULL,1),(9,NULL,1)",
+        "INSERT INTO `db`.`t` (`id`,`uk`,`v`) VALUES (2,NULL,3),(8,NULL,2) ON DUPLICATE KEY UPDATE "
+        "`id`=VALUES(`id`),`uk`=VALUES(`uk`),`v`=VALUES(`v`)",
+    ]

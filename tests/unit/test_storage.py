@@ -153,16 +153,26 @@ def test_in_flight_budget_answers_resource_exhausted(tmp_path: Path) -> None:
 
 
 def test_low_disk_guard_refuses_writes_and_reads_continue(tmp_path: Path) -> None:
+    """Below stop-write-at-available-space only new PREWRITEs (and empty probe writes) are
+    refused: COMMITs, ROLLBACKs and FAKEs still land, so this pump's transactions resolve and its
+    watermark keeps moving instead of stalling every drainer's merge."""
     with Storage.open(tmp_path) as st:
-        st.write_blocking([pw(5), cm(5, 6)])
+        st.write_blocking([pw(5), cm(5, 6), pw(8)])
     free = psutil.disk_usage(str(tmp_path)).free
     with Storage.open(tmp_path, StorageOptions(stop_write_at_available_space=free + (1 << 40))
                       ) as st:
         with pytest.raises(ResourceExhausted, match="stop-write-at-available-space"):
             st.write_blocking([pw(7)])
         with pytest.raises(ResourceExhausted):
-            asyncio.run(st.write([fk(10)]))
-        assert served(st) == [(6, pb.PREWRITE, 5), (6, pb.COMMIT, 5)]
+            st.write_blocking([])                      # a producer's probe: "not here"
+        with pytest.raises(ResourceExhausted):
+            st.write_blocking([cm(8, 9), pw(9)])       # a batch with a prewrite in it
+        assert st.get_commit(8)[0] != pb.TXN_COMMITTED
+        asyncio.run(st.write([fk(10)]))
+        st.write_blocking([cm(8, 12)])
+        assert st.get_commit(8) == (pb.TXN_COMMITTED, 12)
+        assert served(st) == [(6, pb.PREWRITE, 5), (6, pb.COMMIT, 5), (10, pb.FAKE, 10),
+                              (12, pb.PREWRITE, 8), (12, pb.COMMIT, 8)]
 
 
 def test_a_batch_is_atomic_all_or_none(st: Storage) -> None:

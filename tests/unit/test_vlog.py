@@ -120,3 +120,33 @@ def test_record_decoder_never_crashes(data: bytes, cut: int) -> None:
         else:
             assert end <= len(buf) and len(payload) == end - HEADER_SIZE
     assert decode_record(encode_record(data), 0)[0] == data
+
+
+def test_a_reader_holding_a_deleted_segment_s_fd_still_reads_exact_bytes(tmp_path: Path) -> None:
+    """Deleting a segment (GC) never closes its descriptor at once: a reader that took it a
+    moment before would `pread` a closed number, or one the kernel already reused for another
+    file. The descriptor is retired and closed RETIRE_GRACE_S later."""
+    now = [0.0]
+    v = ValueLog(tmp_path / "vlog", segment_size=64, retire_grace_s=10.0, clock=lambda: now[0])
+    v.truncate_to(Location(1, 0), verify=False)
+    locs = v.append([b"a" * 40, b"b" * 40, b"c" * 40])
+    v.sync()
+    first = locs[0]
+    fd = v.read_fd(first.segment)                 # a reader's thread took the descriptor
+    v.delete_segment(first.segment)               # GC runs before that reader's pread
+    reused = [os.open(tmp_path / f"other{i}", os.O_CREAT | os.O_RDWR) for i in range(4)]
+    try:
+        for r in reused:
+            os.write(r, b"x" * 100)
+        buf = os.pread(fd, HEADER_SIZE + 40, first.offset)
+        assert decode_record(buf, 0)[0] == b"a" * 40
+        assert not v.path(first.segment).exists()
+        assert locs[1].segment != first.segment
+        now[0] = 11.0
+        v.delete_segment(locs[1].segment)         # the next GC closes what is due
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    finally:
+        for r in reused:
+            os.close(r)
+        v.close()
