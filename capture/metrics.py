@@ -11,7 +11,7 @@ from sluice.core.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-STATES = ("starting", "connected", "streaming", "reconnecting", "failed", "stopped")
+STATES = ("starting", "connected", "streaming", "reconnecting", "restarting", "failed", "stopped")
 
 
 class CaptureMetrics:
@@ -27,6 +27,9 @@ class CaptureMetrics:
         self.rows = m.counter("capture_rows_total", "row changes committed to pumps")
         self.reconnects = m.counter("capture_reconnects_total",
                                     "binlog connections re-opened after a loss")
+        self.restarts = m.counter("capture_restarts_total",
+                                  "in-process restarts (new epoch, recovery from the pumps) after "
+                                  "a pump, etcd or the TSO was unreachable or the pumps were full")
         self.group_seconds = m.histogram("capture_group_seconds", "prewrite to commit ack per group",
                                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
         self._current = ""

@@ -75,6 +75,12 @@ _END = object()
 _STOP = object()
 _SYSTEM_DBS = ("mysql", "information_schema", "performance_schema", "sys")
 RECONNECT_BACKOFF_S = (0.2, 5.0)     # first and longest wait between reconnect attempts
+RESTART_BACKOFF_S = (1.0, 30.0)      # first and longest wait between in-process restarts
+RESTART_RESET_S = 60.0               # a run this long resets the restart backoff
+# A pump, etcd or the TSO unreachable, or every pump refusing for disk space: the next
+# incarnation can succeed. Anything else (a fenced epoch, a bad config, an unknown table_id,
+# a purged position) needs a person and ends the process.
+TRANSIENT = (errors.Unavailable, errors.ResourceExhausted, errors.DeadlineExceeded)
 TICK_S = 0.1            # snapshot emission ticker (read-only chunks while the source idles)
 SIGNAL_POLL_S = 0.25    # etcd signal channel
 PUBLISH_S = 0.5         # snapshot progress to etcd
@@ -121,7 +127,32 @@ def run(args: argparse.Namespace) -> int:
                                  "`etcd` key") from None
     finally:
         etcd.close()
-    return asyncio.run(Capture(config).run())
+    metrics = CaptureMetrics()
+    metrics.metrics.serve(config.metrics_addr)
+    return run_restarting(config, metrics)
+
+
+def run_restarting(config: CaptureConfig, metrics: CaptureMetrics,
+                   sleep: Any = time.sleep) -> int:
+    """Run the capture; after a transient failure start it over in this process, as a
+    supervisor would restart it: a new incarnation bumps the producer epoch and recovers its
+    position from the pumps (DESIGN §8), so nothing is written twice. A group whose commit was
+    cut off stays in flight on its pump until the new epoch's TxnStatus decides it. While a
+    non-offline pump stays unreachable, recovery fails and is retried with backoff: the capture
+    waits for the pump (or for `sluice ctl pump offline/mark-lost`) instead of exiting."""
+    backoff = RESTART_BACKOFF_S[0]
+    while True:
+        began = time.monotonic()
+        try:
+            return asyncio.run(Capture(config, metrics).run())
+        except TRANSIENT as e:
+            if time.monotonic() - began > RESTART_RESET_S:
+                backoff = RESTART_BACKOFF_S[0]
+            metrics.restarts.inc()
+            metrics.set_state("restarting", error=f"{type(e).__name__}: {e}"[:300],
+                              retry_in_s=backoff)
+            sleep(backoff)
+            backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
 
 
 def read_table_definitions(params: dict[str, Any], table_filter: TableFilter
@@ -215,9 +246,11 @@ def _oldest_binlog(params: dict[str, Any]) -> str:
 
 
 class Capture:
-    def __init__(self, config: CaptureConfig) -> None:
+    """One incarnation of the capture (one producer epoch); `run_restarting` makes the next."""
+
+    def __init__(self, config: CaptureConfig, metrics: CaptureMetrics | None = None) -> None:
         self.config = config
-        self.metrics = CaptureMetrics()
+        self.metrics = metrics or CaptureMetrics()
         self.etcd = Etcd(config.etcd, config.security)
         self.registry = Registry(self.etcd, config.cluster_id)
         self.tso = TSOClient(config.tso or None, config.cluster_id, etcd=self.etcd,
@@ -244,7 +277,6 @@ class Capture:
     async def run(self) -> int:
         c = self.config
         self.metrics.set_state("starting")
-        self.metrics.metrics.serve(c.metrics_addr)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
@@ -316,7 +348,8 @@ class Capture:
             self.metrics.set_state("stopped")
             return 0
         except Exception as e:
-            self.metrics.set_state("failed", error=f"{type(e).__name__}: {e}"[:500])
+            if not isinstance(e, TRANSIENT):   # else run_restarting reports "restarting"
+                self.metrics.set_state("failed", error=f"{type(e).__name__}: {e}"[:500])
             raise
         finally:
             self._stop.set()

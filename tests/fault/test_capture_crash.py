@@ -100,3 +100,60 @@ def test_capture_killed_repeatedly_commits_every_source_transaction_once(
     assert "producer cap-crash (TxnStatus)" in texts and "rolled back" in texts
     last.stop()
     pump_log.close()
+
+
+def test_capture_outlives_every_pump_lost_between_prewrites_and_commits(
+        cluster: Cluster, mariadb_module: MariaDBServer) -> None:
+    """Losing the pumps between a group's acknowledged prewrites and its commits does not end
+    the capture: it restarts in-process (new epoch), waits with backoff while recovery cannot
+    reach every non-offline pump, then resumes from the pumps' position once they are back.
+    The orphaned prewrites are rolled back through the new epoch's TxnStatus, and every source
+    GTID of the run is in the pumps exactly once, in source order."""
+    db = mariadb_module
+    load = SourceLoad(db, "lost", seed=41)
+    load.create()
+    before = gtid_pos(db)
+    ts = TS(cluster.tso_addrs, cluster.cluster_id)
+    pump_log = PumpLog(cluster, ts.get())
+    ts.close()
+    stop = threading.Event()
+    writer = threading.Thread(target=load.run, args=(10**6, stop, 0.002), daemon=True)
+    writer.start()
+    # The 3rd group's commits wait 4 s after its prewrites were acknowledged: the pumps die then.
+    cap = start_capture(cluster, db, "cap-lost", name="cap-lost",
+                        env={"SLUICE_FAILPOINTS": f"{FAILPOINT}=1*sleep(4000)@3"},
+                        **{"start-position": f"gtid:{before}"})
+    try:
+        wait_until(lambda: f"failpoint {FAILPOINT} fired" in cap.log_text(), 30, 0.02,
+                   what="the group failpoint")
+        for p in list(cluster.pumps.values()):
+            p.proc.kill9()
+        wait_until(lambda: "capture restarting" in cap.log_text(), 30, 0.1,
+                   what="the capture to restart in-process")
+        time.sleep(2)     # recovery finds no pump for a while: the capture keeps waiting
+        assert cap.alive(), cap.log_text()[-3000:]
+        for node_id in list(cluster.pumps):
+            cluster.start_pump(node_id, wait_online=False)
+        for p in cluster.pumps.values():
+            cluster.wait_pump_writable(p)
+        wait_until(lambda: cap.log_text().count("capture streaming") >= 2, 60, 0.2,
+                   what="the restarted capture to stream again")
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        writer.join(15)
+    after = gtid_pos(db)
+    load.close()
+    want = gtid_range(before, after)
+
+    def all_there() -> bool:
+        return set(want) <= {gtid_of(t) for t in pump_log.txns("cap-lost")}
+    pump_log.wait_for(all_there, 60, watch=(cap,))
+    txns = pump_log.txns("cap-lost")
+    assert_exactly_once(txns, want)
+    assert_source_order(txns)
+    assert cap.alive(), cap.log_text()[-3000:]          # never exited
+    texts = "".join(cluster.pumps[p].proc.log_text() for p in cluster.pumps)
+    assert "producer cap-lost (TxnStatus)" in texts and "rolled back" in texts
+    cap.stop()
+    pump_log.close()

@@ -16,8 +16,8 @@ While the workload runs (inserts, updates, deletes and primary-key changes over 
     over to the other pumps; then clear it (restart without the failpoint).
 Each step ends only when a fresh probe row is in the MySQL downstream and both drainers' durable
 checkpoints passed it. Steps 1, 2, 4 and 5 run first, while the Spark drainer's first session
-starts (their probes wait for the MySQL drainer only); the capture is restarted when it exits on
-a commit its pump never acknowledged, as its supervisor would. Random choices come from a seed printed in the output
+starts (their probes wait for the MySQL drainer only). The capture must never exit unless killed:
+a commit its pump never acknowledged makes it restart in-process with a new epoch. Random choices come from a seed printed in the output
 (SLUICE_MATRIX_SEED=<seed> repeats a run); a failure names its step and prints the logs' tails.
 
 Invariant: whatever fails, in the end the Spark current state and the MariaDB downstream both
@@ -285,4 +285,5 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
     total = sum(s for _, s in m.timings)
     print(f"[matrix] seed {m.seed}: {len(want)} source transactions, {m.load.key_changes} key "
           f"changes; steps " + ", ".join(f"{n.split()[0]}={s:.0f}s" for n, s in m.timings)
-          + f"; total {total:.0f}s; " + "; ".join(m.notes), flush=True)
+          + f"; total {total:.0f}s; capture in-process restarts "
+          + str(m.capture_log_count("capture restarting")) + "; " + "; ".join(m.notes), flush=True)
