@@ -59,7 +59,7 @@ from sluice.drainer.metrics import DrainerMetrics
 from sluice.drainer.reader import PrivateMerge, PumpReader, run_guarded
 from sluice.drainer.service import CisternService, DrainerService
 from sluice.drainer.service import add_to_server as add_drainer_service
-from sluice.drainer.sink import Checkpoint, Sink, load_sink
+from sluice.drainer.sink import Checkpoint, Sink, load_sink, sink_class
 from sluice.drainer.txn import CorruptTxn, SchemaHistory, Txn, unframe
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
@@ -258,14 +258,28 @@ class DrainerServer:
         else:
             log.info("drainer %s at %s: ha on, campaigning (lease ttl %ds, margin %.1fs)",
                      self.name, self.addr, self.config.alive_ttl, self.config.ha_margin)
+            # A hot standby: the sink's costly start-up (Spark: JVM + metastore client) runs
+            # while it waits, so a takeover costs the TTL wait and the sink's open only.
+            warm = asyncio.create_task(asyncio.to_thread(self._prewarm_sink), name="sink-prewarm")
             term = await asyncio.to_thread(self.election.campaign, self._stop_waiting)
             if term is None:
                 log.info("drainer %s: standby at %s stopped while waiting", self.name, self.addr)
                 return False
+            await warm
         self.epoch = term.epoch
         self.metrics.epoch.set(term.epoch)
         self.metrics.ha_active.set(1)
         return True
+
+    def _prewarm_sink(self) -> None:
+        t0 = time.monotonic()
+        try:
+            sink_class(self.config.sink).prewarm(self.config.to)
+        except Exception as e:  # noqa: BLE001 - open() meets the same problem and reports it
+            log.warning("drainer %s: sink %s prewarm failed: %s", self.name, self.config.sink, e)
+            return
+        log.info("drainer %s: sink %s prewarmed in %.1fs", self.name, self.config.sink,
+                 time.monotonic() - t0)
 
     def _guard(self) -> None:
         """Right before anything reaches the sink: are we certainly still the active instance?"""

@@ -80,6 +80,12 @@ class Sink(abc.ABC):
         (the drainer passes the same context to every sink: schema, source_name, epoch, ...)."""
         return cls(options, **context)  # type: ignore[call-arg]
 
+    @classmethod
+    def prewarm(cls, options: Any) -> None:
+        """Start-up work a standby drainer does while it waits, so a takeover does not pay for
+        it (the Spark sink starts its JVM and metastore client). Blocking; it must not write
+        anything downstream: a standby is not the active instance."""
+
     @abc.abstractmethod
     async def open(self, checkpoint: Checkpoint) -> None:
         """Prepare to receive transactions with commit_ts > checkpoint.commit_ts.
@@ -123,6 +129,11 @@ SINKS: dict[str, str] = {
 
 def load_sink(name: str, options: Any, **context: Any) -> Sink:
     """Import the sink registered as `name` (lazily: only the chosen sink's dependencies load)."""
+    return sink_class(name).from_options(options, **context)
+
+
+def sink_class(name: str) -> type[Sink]:
+    """The Sink class registered as `name`, imported on first use."""
     target = SINKS.get(name)
     if target is None:
         raise ConfigError(f"unknown sink '{name}' (known: {', '.join(sorted(SINKS))})")
@@ -139,4 +150,4 @@ def load_sink(name: str, options: Any, **context: Any) -> Sink:
     if not (isinstance(cls, type) and issubclass(cls, Sink)):
         raise ConfigError(f"sink '{name}' is not present in this build "
                           f"({module_name} has no Sink class {class_name})")
-    return cls.from_options(options, **context)
+    return cls

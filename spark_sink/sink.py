@@ -83,6 +83,14 @@ class SparkSink(Sink):
         return cls(cfg, schema, context.get("source_name") or "sluice", context.get("epoch") or 0,
                    context.get("spark"))
 
+    @classmethod
+    def prewarm(cls, options: Any) -> None:
+        """The JVM and the Hive metastore client, read-only (20-60 s on this machine): the
+        sink's open() then finds the process's session ready."""
+        from sluice.spark_sink.session import session
+        cfg = options_to_config(SparkSinkConfig, options, "[to] spark sink")
+        session(cfg).sql("SHOW DATABASES").collect()
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     @property

@@ -185,10 +185,16 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
         other = next(k for k in m.spark if k != active)
         epoch = m.spark_epoch()
         standby_lines = m.spark[active].proc.log_text().count("standby at")
+        # A hot standby: its JVM and metastore client started while it waited.
+        m.wait_log(m.spark[other].proc, "sink spark prewarmed", 0, SPARK_START_S)
         time.sleep(rng.uniform(0.3, 3.0))
         m.spark[active].proc.kill9()
+        killed = time.monotonic()
         m.gone.add(active)
         wait_until(lambda: m.spark_epoch() > epoch, 60, 0.1, what=f"{other} to take over")
+        wait_until(lambda: "spark sink open" in m.spark[other].proc.log_text(), 120, 0.2,
+                   what=f"{other} to open the Spark sink")
+        m.notes.append(f"hot standby {other} open {time.monotonic() - killed:.0f}s after the kill")
         m.spark[active] = c.start_drainer(SPARK, sink="spark", instance=active, wait_online=False)
         m.gone.discard(active)
         m.wait_log(m.spark[active].proc, "standby at", standby_lines, 60)
@@ -200,6 +206,7 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
         other = next(k for k in m.spark if k != active)
         stale = m.spark[active]
         epoch = m.spark_epoch()
+        m.wait_log(m.spark[other].proc, "sink spark prewarmed", 0, SPARK_START_S)
         standby_lines = stale.proc.log_text().count("standby at")
         stale.proc.signal(signal.SIGSTOP)
         m.gone.add(active)
