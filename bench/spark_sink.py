@@ -168,7 +168,9 @@ def view_bench(spark: Any, work: Path, port: int, args: argparse.Namespace) -> N
     loc = sink.layout.base_dir(BIG.table_id, 1, 1)
     spark.sql(f"SELECT {sel} FROM range({n})").coalesce(2).write.mode("overwrite").parquet(loc)
     spark.sql(f"ALTER TABLE {sink.layout.base(BIG.table_id)} ADD PARTITION (`_v`=1) LOCATION '{loc}'")
-    st = dataclasses.replace(st, base_version=1, base_upto=sink.checkpoint().sink_state["batch"])
+    # A schema-only transaction commits no batch: the base then covers "batch 0".
+    upto = sink.checkpoint().sink_state.get("batch", 0)
+    st = dataclasses.replace(st, base_version=1, base_upto=upto)
     sink._states[BIG.table_id] = st
     spark.sql(f"ALTER VIEW {sink.layout.view(st.db, st.table)} AS {T.current_view_sql(st, sink.layout)}")
     # The tail: --tail-rows changes through the sink (updates of existing keys, new keys, deletes).
