@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -42,6 +43,37 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[C
         c.stop()
 
 
+@dataclass
+class Loaded:
+    """A source schema under a continuous load, and the pumps' content read from before it."""
+    load: SourceLoad
+    before: str                 # the source's GTID position before the load
+    pump_log: PumpLog
+    stop: threading.Event
+    writer: threading.Thread
+
+    def finish(self, db: MariaDBServer) -> list[str]:
+        """Stop the load; the GTIDs it committed."""
+        self.stop.set()
+        self.writer.join(15)
+        after = gtid_pos(db)
+        self.load.close()
+        return gtid_range(self.before, after)
+
+
+def start_load(cluster: Cluster, db: MariaDBServer, schema: str, seed: int, pace_s: float) -> Loaded:
+    load = SourceLoad(db, schema, seed=seed)
+    load.create()
+    before = gtid_pos(db)
+    ts = TS(cluster.tso_addrs, cluster.cluster_id)
+    pump_log = PumpLog(cluster, ts.get())
+    ts.close()
+    stop = threading.Event()
+    writer = threading.Thread(target=load.run, args=(10**6, stop, pace_s), daemon=True)
+    writer.start()
+    return Loaded(load, before, pump_log, stop, writer)
+
+
 def test_capture_killed_repeatedly_commits_every_source_transaction_once(
         cluster: Cluster, mariadb_module: MariaDBServer) -> None:
     """A capture killed (kill -9, or exit(137) between a group's prewrites and its commits) and
@@ -49,15 +81,8 @@ def test_capture_killed_repeatedly_commits_every_source_transaction_once(
     in source order."""
     db = mariadb_module
     rng = random.Random(7)
-    load = SourceLoad(db, "crash", seed=31)
-    load.create()
-    before = gtid_pos(db)
-    ts = TS(cluster.tso_addrs, cluster.cluster_id)
-    pump_log = PumpLog(cluster, ts.get())
-    ts.close()
-    stop = threading.Event()
-    writer = threading.Thread(target=load.run, args=(10**6, stop, 0.001), daemon=True)
-    writer.start()
+    lo = start_load(cluster, db, "crash", 31, 0.001)
+    before, pump_log = lo.before, lo.pump_log
     exits = {"kill9": 0, "failpoint": 0}
     try:
         for i in range(8):
@@ -77,11 +102,7 @@ def test_capture_killed_repeatedly_commits_every_source_transaction_once(
                 cap.kill9()
                 exits["kill9"] += 1
     finally:
-        stop.set()
-        writer.join(15)
-    after = gtid_pos(db)
-    load.close()
-    want = gtid_range(before, after)
+        want = lo.finish(db)
     assert len(want) > 300, f"only {len(want)} source transactions during the kills"
 
     last = start_capture(cluster, db, "cap-crash", name="cap-crash-last",
@@ -110,15 +131,8 @@ def test_capture_outlives_every_pump_lost_between_prewrites_and_commits(
     The orphaned prewrites are rolled back through the new epoch's TxnStatus, and every source
     GTID of the run is in the pumps exactly once, in source order."""
     db = mariadb_module
-    load = SourceLoad(db, "lost", seed=41)
-    load.create()
-    before = gtid_pos(db)
-    ts = TS(cluster.tso_addrs, cluster.cluster_id)
-    pump_log = PumpLog(cluster, ts.get())
-    ts.close()
-    stop = threading.Event()
-    writer = threading.Thread(target=load.run, args=(10**6, stop, 0.002), daemon=True)
-    writer.start()
+    lo = start_load(cluster, db, "lost", 41, 0.002)
+    before, pump_log = lo.before, lo.pump_log
     # The 3rd group's commits wait 4 s after its prewrites were acknowledged: the pumps die then.
     cap = start_capture(cluster, db, "cap-lost", name="cap-lost",
                         env={"SLUICE_FAILPOINTS": f"{FAILPOINT}=1*sleep(4000)@3"},
@@ -140,11 +154,7 @@ def test_capture_outlives_every_pump_lost_between_prewrites_and_commits(
                    what="the restarted capture to stream again")
         time.sleep(1.0)
     finally:
-        stop.set()
-        writer.join(15)
-    after = gtid_pos(db)
-    load.close()
-    want = gtid_range(before, after)
+        want = lo.finish(db)
 
     def all_there() -> bool:
         return set(want) <= {gtid_of(t) for t in pump_log.txns("cap-lost")}
