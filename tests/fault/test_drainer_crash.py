@@ -73,7 +73,9 @@ def test_kill_between_sink_flush_and_checkpoint_save_exactly_once(cluster: Clust
     w.declare("pump-1")
     d = cluster.start_drainer("d-flush", env={"SLUICE_FAILPOINTS": "drainer-before-checkpoint-save=exit(137)@3"},
                               **{"initial-commit-ts": t0})
-    loader = load_in_background(w, 3000, PUMPS, group=100)
+    # 30 groups 0.2 s apart: the load spans many checkpoint intervals (0.5 s) however fast the
+    # drainer is, so the third save with something new to lose comes while data still flows.
+    loader = load_in_background(w, 3000, PUMPS, group=100, pause=0.2)
     wait_until(lambda: not d.proc.alive(), 30, 0.1, what="the failpoint to kill d-flush")
     assert d.proc.popen.returncode == 137
     saved = read_checkpoint(registry, "d-flush").commit_ts

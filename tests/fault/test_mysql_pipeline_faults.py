@@ -22,9 +22,10 @@ from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(240, func_only=True)   # module setup: two MariaDBs + cluster
 
-# Lease TTL 2 s: the active stops itself 1.5 s after its last acknowledged keepalive was sent;
-# a standby takes over 2.5 s after the lease is gone.
-HA = {"ha": True, "alive-ttl": 2, "ha-margin": 0.5}
+# Lease TTL 4 s: the active stops itself 3 s after its last acknowledged keepalive was sent;
+# a standby waits 5 s (TTL + margin) once the lease is gone. 2 s was too tight for a loaded CI
+# machine: an instance lost its lease (no keepalive acknowledged for 2.1 s) while taking over.
+HA = {"ha": True, "alive-ttl": 4, "ha-margin": 1.0}
 # Source transactions per second while the drainer is killed and restarted: a steady load, not
 # a growing backlog on a busy machine.
 RATE = 60

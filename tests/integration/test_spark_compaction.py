@@ -34,7 +34,9 @@ T0 = 1 << 40
 ITEMS = Table(401, "cmp", "items", [col("id", "int(11)", nullable=False), col("qty", "int(11)"),
                                     col("note", "varchar(20)")], primary=["id"])
 BATCHES, PER_BATCH = 8, 12
-GRACE = 6.0   # s: longer than a reader query here; replaced files are deleted mid-run
+# gc-grace: replaced files are deleted mid-run. The guarantee holds for queries shorter than it
+# (like a lakehouse's retention); 6 s was shorter than some queries on a loaded CI machine.
+GRACE = 12.0
 
 
 def workload() -> tuple[list[list[Txn]], dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
@@ -72,8 +74,13 @@ VIEW_Q = ("SELECT count(*), sum(qty), max(CASE WHEN id = 0 THEN qty END), count(
 LOG_Q = "SELECT count(*), count(DISTINCT _commit_ts, _seq), max(_commit_ts) FROM cx_cmp.items_changelog"
 
 
-def check_answer(rec: dict, view_at: dict[int, tuple[int, int]], log_at: dict[int, tuple[int, int]]) -> None:
-    assert "error" not in rec, rec["error"]
+def check_answer(rec: dict, view_at: dict[int, tuple[int, int]], log_at: dict[int, tuple[int, int]]) -> bool:
+    """Whether `rec` is an exact answer as of a committed batch; False only for a query that
+    failed after running longer than gc-grace (outside the guarantee); anything else raises."""
+    if "error" in rec:
+        took = rec["end"] - rec["t"] if "end" in rec else 0.0
+        assert took > GRACE, f"a {took:.1f} s query (gc-grace {GRACE} s) failed: {rec['error']}"
+        return False
     row = rec["rows"][0]
     if rec["q"] == 0:
         n, total, counter, distinct = row[0], int(row[1]), row[2], row[3]
@@ -86,6 +93,7 @@ def check_answer(rec: dict, view_at: dict[int, tuple[int, int]], log_at: dict[in
         last = max_ts - T0 - 1
         assert last in log_at, rec
         assert (n, max_ts) == log_at[last], rec          # every change up to that batch
+    return True
 
 
 def test_readers_in_other_jvms_never_see_a_torn_or_missing_table(spark_env: SparkEnv, tmp_path: Path) -> None:
@@ -139,12 +147,13 @@ def test_readers_in_other_jvms_never_see_a_torn_or_missing_table(spark_env: Spar
         logf.close()
     assert reader.returncode == 0, (tmp_path / "reader.log").read_text()[-3000:]
     answers = [json.loads(line) for line in out.read_text().splitlines()]
-    for rec in answers:
-        check_answer(rec, view_at, log_at)
+    answers = [rec for rec in answers if check_answer(rec, view_at, log_at)]
+    assert len(answers) >= 8, "most of the reader's queries must succeed"
     # The reader saw several different batches (it ran across the merges, not after them).
     counters = {rec["rows"][0][2] for rec in answers if rec["q"] == 0}
     assert len(counters) >= 3, counters
-    assert answers[-2]["rows"][0][2] == max(view_at)  # its last round saw the last batch
+    last_view = [rec for rec in answers if rec["q"] == 0][-1]
+    assert last_view["rows"][0][2] == max(view_at)  # its last round saw the last batch
     assert sql_proc.returncode == 0, sql_err[-3000:]
     row = [json.loads(line) for line in sql_out.splitlines() if line.startswith("{")][0]
     vals = list(row.values())

@@ -11,6 +11,7 @@ import json
 import random
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -402,13 +403,21 @@ def fresh_ts(cluster: Cluster) -> int:
         t.close()
 
 
-def load_in_background(w: TxnWriter, n: int, pumps: list[str], group: int = 100) -> threading.Thread:
-    """Write n transactions on a thread; the thread's `errors` list holds what it raised."""
+def load_in_background(w: TxnWriter, n: int, pumps: list[str], group: int = 100,
+                       pause: float = 0.0) -> threading.Thread:
+    """Write n transactions on a thread, `pause` seconds between groups (a load that lasts
+    whatever the machine's speed); the thread's `errors` list holds what it raised."""
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            w.write(n, pumps, group=group)
+            left = n
+            while left > 0:
+                k = min(group, left)
+                w.write(k, pumps, group=group)
+                left -= k
+                if pause and left:
+                    time.sleep(pause)
         except BaseException as e:  # noqa: BLE001 - re-raised by the test through `errors`
             errors.append(e)
     t = threading.Thread(target=run, daemon=True)

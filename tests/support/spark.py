@@ -238,6 +238,7 @@ def _reader_main() -> None:
                     rec = {"round": rnd, "q": k, "rows": rows, "t": started}
                 except Exception as e:  # noqa: BLE001 - every failure is the test's finding
                     rec = {"round": rnd, "q": k, "error": str(e)[:3000], "t": started}
+                rec["end"] = time.time()
                 out.write(json.dumps(rec, default=str) + "\n")
                 out.flush()
             rnd += 1
