@@ -65,6 +65,7 @@ from sluice.core import log as logsetup
 from sluice.core.etcd import Etcd
 from sluice.core.position import format_position, is_empty
 from sluice.core.registry import Registry
+from sluice.core.rewind import delete_rewind, read_rewind
 from sluice.core.tso_client import TSOClient
 from sluice.proto import sluice_pb2 as pb
 
@@ -285,7 +286,7 @@ class Capture:
             await self.producer.start()
             await self.pumps.start()
             epoch = await self.producer.bump_epoch()
-            pos = await self.writer.recover(epoch)
+            pos = await self._take_rewind(await self.writer.recover(epoch))
             first_start = is_empty(pos)
             # The recorded position wins over the config on every start but the first (an empty
             # GTID state is a real position too: "from the first binlog").
@@ -425,6 +426,29 @@ class Capture:
         if declared is None or set(captured) != set(declared):
             await asyncio.to_thread(self.registry.put_json, key, captured)
         return last, state
+
+    async def _take_rewind(self, recovered: pb.Position) -> pb.Position:
+        """Where to resume: after `recovered` (the pumps' greatest recorded position), unless
+        `ctl position set` left a rewind of a higher generation — then after the rewind, and
+        every position written from now on carries its generation (core/position.py: after
+        every older one, so drainers' filters and the pumps' records move onto it). A rewind
+        whose generation a pump already recorded was taken (the key is deleted after the first
+        group committed at the new generation, or here if that was interrupted)."""
+        c = self.config
+        rewind, _ = await asyncio.to_thread(read_rewind, self.registry, c.producer_id)
+        self.writer.generation = recovered.generation
+        if rewind is None:
+            return recovered
+        if rewind.generation <= recovered.generation:
+            await asyncio.to_thread(delete_rewind, self.registry, c.producer_id)
+            log.info("rewind to %s was taken (the pumps record generation %d); key removed",
+                     format_position(rewind), recovered.generation)
+            return recovered
+        log.warning("rewinding: resuming after %s instead of the recorded %s (set by `sluice ctl "
+                    "position set`)", format_position(rewind), format_position(recovered))
+        self.writer.generation = rewind.generation
+        self.writer.after_first_commit = lambda: delete_rewind(self.registry, c.producer_id)
+        return rewind
 
     # -- streaming ----------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -105,6 +106,10 @@ class GroupWriter:
         self.producer_id, self.cluster_id, self.source_name = producer_id, cluster_id, source_name
         self.security = security
         self.epoch = 0
+        self.generation = 0     # stamped on every position written (a rewind's, core/rewind.py)
+        # Called (blocking, once) after the first group is committed: the pumps then hold the
+        # generation, so a pending rewind has been taken.
+        self.after_first_commit: Callable[[], None] | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}   # TxnStatus lookups, by pump address
         self.inflight: set[int] = set()
         self.recovered = False
@@ -190,6 +195,11 @@ class GroupWriter:
         progress goes on the COMMIT (the binlog the pump records producer positions from) and,
         for readers of prewrites, on the PREWRITE too."""
         n = len(items)
+        if self.generation:
+            for _, pos, snap in items:
+                pos.generation = self.generation
+                if snap is not None and snap.HasField("recorded_at"):
+                    snap.recorded_at.generation = self.generation
         first_start, _ = await self.tso.get_ts_range(n)
         now_ms = int(time.time() * 1000)
         prewrites = [pb.Binlog(tp=pb.PREWRITE, start_ts=first_start + i,
@@ -227,6 +237,9 @@ class GroupWriter:
             await self._raise_if_fenced(e)
             raise
         self.inflight.difference_update(starts)
+        if self.after_first_commit is not None:
+            done, self.after_first_commit = self.after_first_commit, None
+            await asyncio.to_thread(done)
 
     async def _raise_if_fenced(self, cause: errors.SluiceError) -> None:
         try:

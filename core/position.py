@@ -5,6 +5,10 @@ MariaDB GTIDs are compared per domain.
 
 The comparison rule, in order:
 
+0. The generation decides first: `ctl position set` (a deliberate rewind or skip) makes the
+   producer resume at a position of a higher generation, which is after every position of the
+   old one — so pumps' recorded positions, `max_position` and the drainers' per-producer filters
+   all move onto the rewound stream without being told.
 1. An empty position (no file coordinates, no GTIDs; `None` counts as empty) is before every
    non-empty position and equal to another empty one.
 2. When both positions carry file coordinates (file_seq or offset non-zero), they decide alone:
@@ -38,7 +42,7 @@ __all__ = [
     "format_position", "parse_position", "is_empty", "EMPTY_KEY",
 ]
 
-EMPTY_KEY: tuple[int, int, int] = (0, 0, 0)
+EMPTY_KEY: tuple[int, int, int, int] = (0, 0, 0, 0)
 """`position_key` of an empty position: below the key of every position with file coordinates."""
 
 _GTID_RE = re.compile(r"(\d+)-(\d+)-(\d+)")
@@ -68,8 +72,8 @@ def is_empty(pos: pb.Position | None) -> bool:
                            and not pos.mysql_gtid_set)
 
 
-def position_key(pos: pb.Position | None) -> tuple[int, int, int]:
-    """A sortable key, (file_seq, offset, sub_seq), consistent with `compare`.
+def position_key(pos: pb.Position | None) -> tuple[int, int, int, int]:
+    """A sortable key, (generation, file_seq, offset, sub_seq), consistent with `compare`.
 
     Only positions with file coordinates (and empty ones, keyed EMPTY_KEY) have one: GTID states
     are partially ordered, so a GTID-only position raises IncomparablePositions — use `compare`.
@@ -78,7 +82,7 @@ def position_key(pos: pb.Position | None) -> tuple[int, int, int]:
         if is_empty(pos):
             return EMPTY_KEY
         raise IncomparablePositions(pos, None, "a GTID-only position has no sortable key")
-    return (pos.file_seq, pos.offset, pos.sub_seq)
+    return (pos.generation, pos.file_seq, pos.offset, pos.sub_seq)
 
 
 def _cmp(x: object, y: object) -> int:
@@ -146,6 +150,8 @@ def compare(a: pb.Position | None, b: pb.Position | None) -> int:
     if ea or eb:
         return eb - ea  # both empty: 0; only a empty: -1; only b empty: 1
     assert a is not None and b is not None
+    if a.generation != b.generation:
+        return _cmp(a.generation, b.generation)
     if _has_file(a) and _has_file(b):
         return _cmp((a.file_seq, a.offset, a.sub_seq), (b.file_seq, b.offset, b.sub_seq))
     if a.gtids and b.gtids:
@@ -169,7 +175,8 @@ def is_after(a: pb.Position | None, b: pb.Position | None) -> bool:
     """
     if a is not None and b is not None and (a.file_seq or a.offset) and (b.file_seq or b.offset):
         # The common case, kept cheap: both carry file coordinates of one binlog.
-        return (a.file_seq, a.offset, a.sub_seq) > (b.file_seq, b.offset, b.sub_seq)
+        return ((a.generation, a.file_seq, a.offset, a.sub_seq)
+                > (b.generation, b.file_seq, b.offset, b.sub_seq))
     try:
         return compare(a, b) > 0
     except IncomparablePositions:
@@ -201,7 +208,8 @@ def format_position(pos: pb.Position | None) -> str:
 
     Tokens: `<file>:<offset>#<sub_seq>` (file is file_name, or the zero-padded file_seq when there
     is no name), `gtid=d-s-n,...`, `mysql-gtid=<set>`, and only when set: `file-seq=` (a file_name
-    whose suffix does not give file_seq), `sub-seq=` (no file coordinates), `server-id=`, `ts-ms=`.
+    whose suffix does not give file_seq), `sub-seq=` (no file coordinates), `server-id=`, `ts-ms=`,
+    `gen=` (the rewind generation).
     An empty position is "empty".
     """
     if is_empty(pos):
@@ -228,6 +236,8 @@ def format_position(pos: pb.Position | None) -> str:
         extra.append(f"server-id={pos.server_id}")
     if pos.ts_ms:
         extra.append(f"ts-ms={pos.ts_ms}")
+    if pos.generation:
+        extra.append(f"gen={pos.generation}")
     return " ".join(parts + extra)
 
 
@@ -295,9 +305,11 @@ def parse_position(text: str) -> pb.Position:
                 pos.server_id = _uint(val, "server-id", whole, 32)
             elif key == "ts-ms":
                 pos.ts_ms = _uint(val, "ts-ms", whole, 63)
+            elif key == "gen":
+                pos.generation = _uint(val, "gen", whole, 32)
             else:
                 raise InvalidArgument(f"unknown key {key!r} in position {whole!r}: want gtid=, "
-                                      "mysql-gtid=, file-seq=, sub-seq=, server-id=, ts-ms=")
+                                      "mysql-gtid=, file-seq=, sub-seq=, server-id=, ts-ms=, gen=")
         elif _GTID_LIST_RE.fullmatch(tok):
             once("gtid")
             pos.gtids.extend(_parse_gtids(tok, whole))

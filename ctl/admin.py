@@ -9,6 +9,7 @@
     pause-drainer | offline-drainer | update-drainer ID ...
     update-producer ID --state S [--force]
     checkpoint show NAME | set NAME --commit-ts TS [--position PRODUCER=POS ...]
+    position show PRODUCER | set PRODUCER POSITION   a capture's position; rewind or skip it
     tso                                     a fresh ts from the TSO leader
     txn-status START_TS [--producer ID]     what each pump and the producer know of a transaction
     resolve-txn START_TS [--commit-ts TS | --rollback] [--producer ID]
@@ -31,8 +32,7 @@ from collections.abc import Callable
 from sluice.core import errors
 from sluice.core import log as logsetup
 
-from . import checkpoints, meta, nodes, txns, verify
-from . import snapshots
+from . import checkpoints, meta, nodes, positions, snapshots, txns, verify
 from .context import ENV_CLUSTER_ID, ENV_ETCD, Ctx, exit_code, load_config
 
 Handler = Callable[[Ctx, argparse.Namespace], int]
@@ -75,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
     nodes.add_commands(sub, common)
     checkpoints.add_commands(sub, common)
+    positions.add_commands(sub, common)
     meta.add_commands(sub, common)
     txns.add_commands(sub, common)
     snapshots.add_commands(sub, common)

@@ -15,7 +15,8 @@ Also kept here:
   copies) is dropped; copies that disagree on commit_ts raise ConflictingCopies naming both
   sources.
 - Per-producer positions (§2.9): an item whose position is at or below its producer's last
-  emitted position is dropped (`core.position.is_after`); `reset_producer` rewinds the filter.
+  emitted position is dropped (`core.position.is_after`). A deliberate rewind needs no call
+  here: its positions carry a higher generation, which is after every older position.
 - `merge_watermark` — the largest T such that everything <= T from every source was emitted — is
   monotonic, so a checkpoint taken from it while idle is never contradicted by a later emission.
 
@@ -162,7 +163,7 @@ class Merger:
         self._positions: dict[str, pb.Position] = {}
         # (file_seq, offset, sub_seq) of each producer's last position when it has file
         # coordinates: most checks are then one tuple comparison instead of message reads.
-        self._last_keys: dict[str, tuple[int, int, int]] = {}
+        self._last_keys: dict[str, tuple[int, int, int, int]] = {}
         for producer_id, position in (producer_positions or {}).items():
             self._set_position(producer_id, position)
         self._window = dedupe_window
@@ -373,7 +374,7 @@ class Merger:
     def _position_passes(self, producer_id: str, pos: pb.Position) -> bool:
         fs, off = pos.file_seq, pos.offset
         if fs or off:
-            key = (fs, off, pos.sub_seq)
+            key = (pos.generation, fs, off, pos.sub_seq)
             last_key = self._last_keys.get(producer_id)
             if last_key is not None:
                 if key > last_key:
@@ -401,7 +402,7 @@ class Merger:
             return
         self._positions[producer_id] = pos
         if pos.file_seq or pos.offset:
-            self._last_keys[producer_id] = (pos.file_seq, pos.offset, pos.sub_seq)
+            self._last_keys[producer_id] = (pos.generation, pos.file_seq, pos.offset, pos.sub_seq)
         else:
             self._last_keys.pop(producer_id, None)
 
@@ -451,11 +452,6 @@ class Merger:
     def producer_positions(self) -> dict[str, pb.Position]:
         """Each producer's last emitted position (what the checkpoint stores with its ts)."""
         return dict(self._positions)
-
-    def reset_producer(self, producer_id: str, position: pb.Position | None) -> None:
-        """Set (or with None/empty, forget) a producer's position: `ctl checkpoint set`, rewinds."""
-        self._set_position(producer_id, position)
-        log.info("producer %s position reset to %s", producer_id, format_position(position))
 
     def stats(self) -> MergeStats:
         return MergeStats(self._emitted, self._dup, self._pos_dropped, self._late)

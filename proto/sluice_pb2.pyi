@@ -68,7 +68,7 @@ TXN_ROLLED_BACK: TxnState
 TXN_NOT_FOUND: TxnState
 
 class Position(_message.Message):
-    __slots__ = ("file_seq", "offset", "sub_seq", "file_name", "gtids", "mysql_gtid_set", "ts_ms", "server_id")
+    __slots__ = ("file_seq", "offset", "sub_seq", "file_name", "gtids", "mysql_gtid_set", "ts_ms", "server_id", "generation")
     FILE_SEQ_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SUB_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,7 @@ class Position(_message.Message):
     MYSQL_GTID_SET_FIELD_NUMBER: _ClassVar[int]
     TS_MS_FIELD_NUMBER: _ClassVar[int]
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     file_seq: int
     offset: int
     sub_seq: int
@@ -85,7 +86,8 @@ class Position(_message.Message):
     mysql_gtid_set: str
     ts_ms: int
     server_id: int
-    def __init__(self, file_seq: _Optional[int] = ..., offset: _Optional[int] = ..., sub_seq: _Optional[int] = ..., file_name: _Optional[str] = ..., gtids: _Optional[_Iterable[_Union[GtidPos, _Mapping]]] = ..., mysql_gtid_set: _Optional[str] = ..., ts_ms: _Optional[int] = ..., server_id: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, file_seq: _Optional[int] = ..., offset: _Optional[int] = ..., sub_seq: _Optional[int] = ..., file_name: _Optional[str] = ..., gtids: _Optional[_Iterable[_Union[GtidPos, _Mapping]]] = ..., mysql_gtid_set: _Optional[str] = ..., ts_ms: _Optional[int] = ..., server_id: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class GtidPos(_message.Message):
     __slots__ = ("domain_id", "server_id", "seq_no")
@@ -436,14 +438,16 @@ class TxnMeta(_message.Message):
     def __init__(self, tp: _Optional[_Union[BinlogType, str]] = ..., start_ts: _Optional[int] = ..., commit_ts: _Optional[int] = ..., producer_id: _Optional[str] = ..., producer_epoch: _Optional[int] = ..., position: _Optional[bytes] = ..., snapshot: _Optional[bytes] = ..., ts_ms: _Optional[int] = ..., binlog_count: _Optional[int] = ...) -> None: ...
 
 class GetProducerPositionReq(_message.Message):
-    __slots__ = ("cluster_id", "producer_id", "epoch")
+    __slots__ = ("cluster_id", "producer_id", "epoch", "peek")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PEEK_FIELD_NUMBER: _ClassVar[int]
     cluster_id: int
     producer_id: str
     epoch: int
-    def __init__(self, cluster_id: _Optional[int] = ..., producer_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    peek: bool
+    def __init__(self, cluster_id: _Optional[int] = ..., producer_id: _Optional[str] = ..., epoch: _Optional[int] = ..., peek: _Optional[bool] = ...) -> None: ...
 
 class GetProducerPositionResp(_message.Message):
     __slots__ = ("position", "snapshot", "epoch", "has_position")

@@ -121,10 +121,13 @@ class PumpService(pbg.PumpServicer):
         check_cluster(request, self.cluster_id)
         if not request.producer_id:
             raise errors.InvalidArgument("producer_id is empty")
-        if request.epoch <= 0:
+        if request.peek:
+            position, snapshot, epoch = self.storage.producer_state(request.producer_id)
+        elif request.epoch <= 0:
             raise errors.InvalidArgument(f"epoch must be > 0, got {request.epoch}")
-        position, snapshot, epoch = await self.storage.record_producer_epoch(
-            request.producer_id, request.epoch)
+        else:
+            position, snapshot, epoch = await self.storage.record_producer_epoch(
+                request.producer_id, request.epoch)
         resp = pb.GetProducerPositionResp(epoch=epoch, has_position=position is not None)
         if position is not None:
             resp.position.CopyFrom(position)

@@ -346,6 +346,14 @@ class Storage:
         return (pb.Position.FromString(pos) if pos is not None else None,
                 pb.SnapshotProgress.FromString(snap) if snap is not None else None, rec_epoch)
 
+    def producer_state(self, producer_id: str
+                       ) -> tuple[pb.Position | None, pb.SnapshotProgress | None, int]:
+        """The producer's last committed position, snapshot progress and recorded epoch, read
+        without recording anything (an administrator's look: it fences nobody)."""
+        epoch, pos, snap = self._producers.get(producer_id, (0, None, None))
+        return (pb.Position.FromString(pos) if pos is not None else None,
+                pb.SnapshotProgress.FromString(snap) if snap is not None else None, epoch)
+
     def unresolved(self, older_than_s: float = 0) -> list[UnresolvedTxn]:
         return self._sorter.unresolved(older_than_s)
 

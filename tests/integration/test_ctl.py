@@ -28,22 +28,13 @@ from sluice.drainer.sink import Checkpoint
 from sluice.proto import sluice_pb2 as pb
 from tests.support.binlogs import TS, decode, prewrite
 from tests.support.cluster import CLUSTER_ID, Cluster, PumpHandle
+from tests.support.ctl import Result, ctl_in
 from tests.support.procs import REPO, free_port, sluice_argv, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 # Pumps must not resolve our prewrites by themselves while a test looks at them.
 PUMP_SETTINGS = {"txn-timeout": 120.0}
-
-
-@dataclasses.dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self):  # type: ignore[no-untyped-def]
-        return json.loads(self.out)
 
 
 @dataclasses.dataclass
@@ -62,12 +53,7 @@ class Live:
 
     def ctl_in(self, *args: str) -> Result:
         """The same command in-process (same parser, same code path minus logging setup)."""
-        parser, _ = cli.command_parser("ctl")
-        ns = parser.parse_args(["--etcd", self.etcd_endpoint, "--cluster-id", str(CLUSTER_ID),
-                                *args])
-        out, err = io.StringIO(), io.StringIO()
-        code = admin.execute(ns, out=out, err=err)
-        return Result(code, out.getvalue(), err.getvalue())
+        return ctl_in(self.etcd_endpoint, CLUSTER_ID, *args)
 
     def node(self, kind: NodeKind, node_id: str):  # type: ignore[no-untyped-def]
         return self.registry.get(kind, node_id)

@@ -112,6 +112,24 @@ def test_empty_position_is_before_everything() -> None:
     assert position_key(None) == position_key(pb.Position()) == EMPTY_KEY < position_key(fpos(0, 4))
 
 
+def test_a_higher_generation_is_after_every_position_of_a_lower_one() -> None:
+    """A deliberate rewind (`ctl position set`) resumes at a higher generation: its positions
+    are after everything of the old generation, whatever their coordinates."""
+    def gen(p: pb.Position, g: int) -> pb.Position:
+        p.generation = g
+        return p
+    old_far, rewound = fpos(9, 900), gen(fpos(1, 4), 1)
+    assert compare(rewound, old_far) == 1 and is_after(rewound, old_far)
+    assert not is_after(old_far, rewound)
+    assert compare(gen(gpos("0-1-3"), 1), gpos("0-1-99")) == 1
+    assert compare(gen(gpos("0-1-3"), 1), gpos("1-1-5")) == 1     # incomparable GTIDs otherwise
+    assert max_position([old_far, rewound, fpos(3, 4)]) is rewound
+    assert position_key(rewound) > position_key(old_far)
+    assert format_position(rewound) == "mysql-bin.000001:4#0 gen=1"
+    assert parse_position("mysql-bin.000001:4#0 gen=1") == rewound
+    assert compare(pb.Position(), rewound) == -1   # empty stays first
+
+
 def test_position_key_refuses_gtid_only_positions() -> None:
     with pytest.raises(IncomparablePositions, match="no sortable key"):
         position_key(gpos("0-1-1"))
@@ -195,6 +213,7 @@ def positions(draw: st.DrawFn) -> pb.Position:
         p.mysql_gtid_set = f"{UUID_A}:1-{draw(st.integers(1, 99))}"
     p.server_id = draw(_u32)
     p.ts_ms = draw(st.integers(0, 2**62))
+    p.generation = draw(st.sampled_from([0, 0, 1, 2**32 - 1]))
     return p
 
 
