@@ -25,6 +25,7 @@ from sluice.core.position import format_position
 from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_config
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
+from sluice.spark_sink import parquet
 from sluice.spark_sink import tables as T
 from sluice.spark_sink.commit import CommitRecord, Committer, Fenced
 from sluice.spark_sink.config import SparkSinkConfig
@@ -66,6 +67,7 @@ class SparkSink(Sink):
         self._renamed: list[tuple[str, str]] = []   # views to drop after the next commit
         self._pre_views: set[int] = set()      # views to rewrite BEFORE the next commit point
         self._plans: dict[tuple[int, int], list[ColumnPlan]] = {}
+        self._key_index: dict[tuple[int, int, int], list[int]] = {}   # Datum positions of the key
         self._buf = _Buffer()
         self._failed: BaseException | None = None
         self._since_compact: dict[int, int] = {}
@@ -317,28 +319,35 @@ class SparkSink(Sink):
                 rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
                 continue
             vals, zero = row_values(ev.after, info, plans)  # type: ignore[arg-type]
-            if ev.op == "u":
+            if ev.op == "u" and self._key_changed(st, info, ev.before, ev.after):  # type: ignore[arg-type]
                 bvals, bzero = row_values(ev.before, info, plans)  # type: ignore[arg-type]
-                if self._key_changed(st, plans, bvals, vals):
-                    rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, bzero), bvals, info))
-                    rows.append((("c", cts, seq + 1, info.version, producer, pos, ts_ms, zero), vals, info))
-                    continue
+                rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, bzero), bvals, info))
+                rows.append((("c", cts, seq + 1, info.version, producer, pos, ts_ms, zero), vals, info))
+                continue
             rows.append(((ev.op, cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
         buf.count += len(events)
         buf.last_ts = cts
         if not buf.first_mono:
             buf.first_mono = time.monotonic()
 
-    @staticmethod
-    def _key_changed(st: T.TableState, plans: list[ColumnPlan], before: list[Any], after: list[Any]) -> bool:
+    def _key_changed(self, st: T.TableState, info: pb.TableInfo, before: pb.Row, after: pb.Row) -> bool:
+        """Whether an update moves its row to another identity (a keyless table's every update
+        does), compared on the Datums: the before image is converted only when it lands."""
         if not st.key:
             return before != after
-        names = [p.name.lower() for p in plans]
-        for k in st.key:
-            i = names.index(k.lower())
-            if before[i] != after[i]:
-                return True
-        return False
+        b, a = before.columns, after.columns
+        where = (info.table_id, info.version, len(b))
+        idx = self._key_index.get(where)
+        if idx is None:
+            cols = [c for c in info.columns if len(b) == len(info.columns) or not c.hidden]
+            names = [c.name.lower() for c in cols]
+            keys = [k.lower() for k in st.key]
+            # A key column this (older) version lacks: compare whole rows.
+            idx = self._key_index[where] = ([names.index(k) for k in keys]
+                                            if all(k in names for k in keys) else [])
+        if not idx:
+            return before != after
+        return any(b[i] != a[i] for i in idx)
 
     # -- committing ---------------------------------------------------------------------------
 
@@ -437,12 +446,17 @@ class SparkSink(Sink):
         return out
 
     def _write_table_files(self, st: T.TableState, rows: list[tuple[Any, ...]], batch: int) -> None:
+        path = self.layout.raw_dir(st.table_id, self._epoch, batch)
+        columns = (*T.META_COLUMNS, *st.physical)
+        if parquet.is_local(path):
+            parquet.write_rows(path, parquet.arrow_schema(columns), rows)
+            return
         from pyspark.sql.types import StructType
         spark = self._spark
-        schema = StructType.fromDDL(", ".join(f"{q(n)} {t}" for n, t in (*T.META_COLUMNS, *st.physical)))
+        schema = StructType.fromDDL(", ".join(f"{q(n)} {t}" for n, t in columns))
         df = spark.createDataFrame(rows, schema=schema, verifySchema=False)
         df = df.coalesce(max(1, min(spark.sparkContext.defaultParallelism, len(rows) // 50_000)))
-        df.write.mode("overwrite").parquet(self.layout.raw_dir(st.table_id, self._epoch, batch))
+        df.write.mode("overwrite").parquet(path)
 
     def _commit_batch(self, buf: _Buffer, states: dict[int, T.TableState]) -> None:
         assert self.committer is not None and self.files is not None

@@ -228,13 +228,23 @@ def converter(stype: str) -> Callable[[pb.Datum], Any]:
     return _BY_TYPE[stype]
 
 
+# Datum kinds whose attribute already is the Spark value of the type: read as is (the hot path).
+_NATIVE: dict[str, frozenset[str]] = {
+    "TINYINT": frozenset({"int", "uint"}), "SMALLINT": frozenset({"int", "uint"}),
+    "INT": frozenset({"int", "uint"}), "BIGINT": frozenset({"int", "uint"}),
+    "DOUBLE": frozenset({"double"}), "STRING": frozenset({"str", "json", "decimal"}),
+}
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ColumnPlan:
-    """How one visible column of a TableInfo version lands: its name, Spark type, converter."""
+    """How one visible column of a TableInfo version lands: its name, Spark type, converter,
+    and the Datum kinds read as they are."""
 
     name: str
     stype: str
     convert: Callable[[pb.Datum], Any]
+    native: frozenset[str] = frozenset()
 
 
 def plan_columns(info: pb.TableInfo) -> list[ColumnPlan]:
@@ -244,7 +254,7 @@ def plan_columns(info: pb.TableInfo) -> list[ColumnPlan]:
         if c.hidden:
             continue
         st = spark_type(c)
-        out.append(ColumnPlan(c.name, st, converter(st)))
+        out.append(ColumnPlan(c.name, st, converter(st), _NATIVE.get(st, frozenset())))
     return out
 
 
@@ -258,14 +268,18 @@ def row_values(row: pb.Row, info: pb.TableInfo, plans: list[ColumnPlan]) -> tupl
             f"row of {info.schema_name}.{info.table_name} (version {info.version}) has "
             f"{len(row.columns)} values for {len(info.columns)} columns ({len(plans)} visible)")
     out: list[Any] = []
+    append = out.append
     zero: list[str] | None = None
     for d, p in zip(datums, plans):
-        if d.WhichOneof("value") in (None, "null"):
-            out.append(None)
-            continue
-        v = p.convert(d)
-        if v is _ZERO:
-            zero = (zero or []) + [p.name]
-            v = None
-        out.append(v)
+        k = d.WhichOneof("value")
+        if k in p.native:
+            append(getattr(d, k))
+        elif k is None or k == "null":
+            append(None)
+        else:
+            v = p.convert(d)
+            if v is _ZERO:
+                zero = (zero or []) + [p.name]
+                v = None
+            append(v)
     return out, zero
