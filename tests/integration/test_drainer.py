@@ -20,6 +20,7 @@ from sluice.proto import sluice_pb2 as pb
 from tests.support.binlogs import commit, prewrite
 from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, check_exactly_once, fresh_ts,
                                    read_file_sink, running_cluster, table_info)
+from tests.support.ctl import ctl_in
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -70,10 +71,10 @@ def test_three_pumps_random_load_lands_exactly_once_in_commit_order(cluster: Clu
     retired.append("d-load")
     cluster.start_drainer("d-load", **{"initial-commit-ts": t0})
     w.declare("pump-1")
-    w.write(20_000, PUMPS, group=1000)
+    w.write(30_000, PUMPS, group=1000)
     wait_sink_has(cluster, "d-load", w, timeout=90)
     got = check_exactly_once(cluster.drainers["d-load"].out_dir, w.acked)
-    assert len(got) == 20_000
+    assert len(got) == 30_000
     w.close()
 
 
@@ -177,6 +178,37 @@ def test_crashed_pump_stalls_the_merge_and_loses_nothing(cluster: Cluster, retir
     cluster.start_pump("pump-3")
     wait_sink_has(cluster, "d-crash", w)
     check_exactly_once(d.out_dir, w.acked)
+    w.close()
+
+
+def test_mark_lost_takes_a_dead_pump_out_of_a_running_drainers_merge(
+        cluster: Cluster, retired: list[str], registry: Registry) -> None:
+    """A dead pump stalls the merge until `ctl mark-lost` takes it out (DESIGN §2.4): then the
+    running drainer drops it from the merge and emits what the other pumps held back, exactly
+    once (everything the lost pump held had been applied, so nothing is lost here)."""
+    t0 = fresh_ts(cluster)
+    cluster.start_pump("pump-lost")
+    w = writer_for(cluster, "lost", seed=8)
+    retired.append("d-lost")
+    d = cluster.start_drainer("d-lost", **{"initial-commit-ts": t0})
+    w.declare("pump-1")
+    w.write(300, ["pump-1", "pump-lost"], group=100)
+    wait_sink_has(cluster, "d-lost", w)
+    cluster.pumps["pump-lost"].proc.kill9()
+    w.forget("pump-lost")
+    later = w.write(200, ["pump-1"], group=100)
+    wait_until(lambda: not registry.get(NodeKind.PUMP, "pump-lost").alive, 10,
+               what="pump-lost's alive key to expire")
+    time.sleep(1.0)
+    assert not ({a.commit_ts for a in later} & sink_commit_ts(cluster, "d-lost")), \
+        "the merge must wait for a dead pump that is still online"
+    r = ctl_in(cluster.etcd, cluster.cluster_id, "mark-lost", "pump-lost", "--force")
+    assert r.code == 0, r
+    info = registry.get(NodeKind.PUMP, "pump-lost")
+    assert info.state == NodeState.OFFLINE and info.status.labels.get("lost") == "true"
+    wait_sink_has(cluster, "d-lost", w)
+    check_exactly_once(d.out_dir, w.acked)
+    assert "pump pump-lost left the merge: marked lost" in d.proc.log_text()
     w.close()
 
 

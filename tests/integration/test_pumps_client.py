@@ -169,6 +169,59 @@ def test_hash_routes_one_start_ts_to_one_pump(cluster: Cluster) -> None:
     assert len({p for _, p in first}) == 3
 
 
+def test_a_failed_coalesced_batch_is_split_so_one_bad_binlog_fails_only_its_caller(
+        cluster: Cluster) -> None:
+    """Concurrent callers' binlogs go to the pump coalesced (linger gathers them into one
+    WriteBinlogs); the pump applies a batch atomically, so when one member is bad the batch is
+    retried member by member: only the bad binlog's caller fails, every other one is stored."""
+    from sluice.client.batcher import WriteBatcher
+    from tests.support.binlogs import commit, prewrite, rollback
+    pump = cluster.pumps["pump-1"]
+
+    async def go(tso: TSOClient) -> None:
+        ch = grpc.aio.insecure_channel(pump.addr)
+        batcher = WriteBatcher(ch, CLUSTER_ID, linger_s=0.05)
+        try:
+            starts = [await tso.get_ts() for _ in range(20)]
+            # Coalesced: 20 prewrites from 20 callers in one RPC.
+            await asyncio.gather(*(batcher.write(prewrite(s, producer="split")) for s in starts))
+            assert (batcher.rpcs, batcher.binlogs) == (1, 20)
+            c0 = await tso.get_ts()
+            bad = commit(starts[0], 1, producer="split")   # commit_ts 1: below its start_ts
+            results = await asyncio.gather(
+                batcher.write(bad),
+                *(batcher.write(commit(s, c0 + i, producer="split")) for i, s in enumerate(starts[1:])),
+                return_exceptions=True)
+            assert isinstance(results[0], errors.InvalidArgument), results[0]
+            assert f"commit_ts 1 <= start_ts {starts[0]}" in str(results[0]), results[0]
+            assert all(isinstance(r, int) for r in results[1:]), results[1:]
+            # One coalesced attempt failed as a whole, then 19 good members alone.
+            assert (batcher.rpcs, batcher.binlogs) == (1 + 19, 20 + 19)
+        finally:
+            await batcher.close()
+            await ch.close()
+        stub = pbg.PumpStub(ch := grpc.aio.insecure_channel(pump.addr))
+        try:
+            for i, s in enumerate(starts[1:]):
+                got = await stub.GetCommit(pb.GetCommitReq(cluster_id=CLUSTER_ID, start_ts=s))
+                assert (got.state, got.commit_ts) == (pb.TXN_COMMITTED, c0 + i)
+            first = await stub.GetCommit(pb.GetCommitReq(cluster_id=CLUSTER_ID, start_ts=starts[0]))
+            assert first.state == pb.TXN_UNKNOWN   # its prewrite waits for a valid decision
+            # Decide it: an unresolved prewrite would hold this pump's watermark.
+            await stub.WriteBinlogs(pb.WriteBinlogsReq(cluster_id=CLUSTER_ID, payloads=[
+                rollback(starts[0], producer="split")]))
+        finally:
+            await ch.close()
+
+    async def main() -> None:
+        tso = TSOClient(cluster.tso_addrs, CLUSTER_ID)
+        try:
+            await go(tso)
+        finally:
+            await tso.close()
+    asyncio.run(main())
+
+
 def test_big_prewrite_is_written_as_parts_to_one_pump(cluster: Cluster) -> None:
     """A prewrite over max_binlog_size is split into parts (same start_ts) on the same pump,
     each within the pump's limit, and read back whole."""
