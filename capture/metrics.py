@@ -12,6 +12,7 @@ from sluice.core.metrics import Metrics
 log = logging.getLogger(__name__)
 
 STATES = ("starting", "connected", "streaming", "reconnecting", "restarting", "failed", "stopped")
+SNAPSHOT_STATES = ("none", "running", "paused", "finished")
 
 
 class CaptureMetrics:
@@ -32,7 +33,38 @@ class CaptureMetrics:
                                   "a pump, etcd or the TSO was unreachable or the pumps were full")
         self.group_seconds = m.histogram("capture_group_seconds", "prewrite to commit ack per group",
                                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+        # Snapshots (docs/snapshots.md): what a progress bar would show, per table.
+        self.snapshot_state = m.gauge(
+            "capture_snapshot_state", "1 for the snapshot's current state", ("state",))
+        self.snapshot_rows = m.counter("capture_snapshot_rows_total",
+                                       "rows read by snapshot chunks", ("table",))
+        self.snapshot_chunks = m.counter("capture_snapshot_chunks_total",
+                                         "snapshot chunks read", ("table",))
+        self.snapshot_chunk_seconds = m.histogram(
+            "capture_snapshot_chunk_seconds", "one chunk's SELECT",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.snapshot_tables_left = m.gauge(
+            "capture_snapshot_tables_remaining", "tables of the snapshot not finished yet")
+        self.snapshot_eta = m.gauge(
+            "capture_snapshot_eta_seconds", "estimated seconds left for the current table "
+            "(InnoDB's row estimate / the table's rows per second so far)")
         self._current = ""
+        self._snapshot = ""
+
+    def set_snapshot_state(self, state: str, tables_left: int) -> None:
+        """`none`, `running`, `paused` or `finished`, from the capture's snapshot state."""
+        self.snapshot_tables_left.set(tables_left)
+        if state == self._snapshot:
+            return
+        for s in SNAPSHOT_STATES:
+            self.snapshot_state.labels(s).set(1 if s == state else 0)
+        self._snapshot = state
+
+    def on_snapshot_chunk(self, table: str, rows: int, select_s: float, eta_s: float | None) -> None:
+        self.snapshot_rows.labels(table).inc(rows)
+        self.snapshot_chunks.labels(table).inc()
+        self.snapshot_chunk_seconds.observe(select_s)
+        self.snapshot_eta.set(eta_s if eta_s is not None else 0)
 
     def set_state(self, state: str, **fields: object) -> None:
         if state == self._current:

@@ -334,7 +334,8 @@ class Capture:
             self.snapshotter = Snapshotter(
                 signal_table=c.signal_table, tracker=self.tracker, start_position=last,
                 state=state, connection=c.source.connection(), chunk_size=c.snapshot_chunk_size,
-                parallelism=c.snapshot_parallelism, read_only=c.snapshot_read_only)
+                parallelism=c.snapshot_parallelism, read_only=c.snapshot_read_only,
+                on_chunk=self.metrics.on_snapshot_chunk)
             if plan.snapshot != "none":
                 log.info("snapshot %s: %s", plan.snapshot, plan.reason,
                          extra={"fields": {"tables": list(state.tables) if state else []}})
@@ -685,3 +686,14 @@ class Capture:
         while True:
             await asyncio.sleep(1.0)
             self.metrics.lag.set(self.lag_s())
+            self._snapshot_metrics()
+
+    def _snapshot_metrics(self) -> None:
+        st = self.snapshotter.state if self.snapshotter is not None else None
+        if st is None:
+            self.metrics.set_snapshot_state("none", 0)
+            return
+        left = 0 if st.finished else len(st.tables) - (
+            st.tables.index(st.current_table) if st.current_table in st.tables else 0)
+        self.metrics.set_snapshot_state(
+            "finished" if st.finished else "paused" if st.paused else "running", left)

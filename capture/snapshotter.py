@@ -37,7 +37,7 @@ import pymysql
 
 from sluice.capture.reader import SourceTxn
 from sluice.capture.schema import SchemaTracker, stable_table_id, version_of
-from sluice.capture.snapshot.chunks import ChunkSplitter, SplitOptions
+from sluice.capture.snapshot.chunks import ChunkSplitter, SplitOptions, estimated_rows
 from sluice.capture.snapshot.emit import ChunkEmission, Stamper
 from sluice.capture.snapshot.keys import TableShape, load_shape
 from sluice.capture.snapshot.progress import PrefixTracker, SnapshotState, encode
@@ -46,7 +46,7 @@ from sluice.capture.snapshot.reader import snapshot_connect
 from sluice.capture.snapshot.signals import (ExecuteSnapshot, LogSignal, PauseSnapshot,
                                              ResumeSnapshot, Signal, StopSnapshot, Watermark)
 from sluice.capture.snapshot.window import WindowReconciler, split_signals
-from sluice.capture.snapshot.worker import TableRun, run_read_only, run_signal_table
+from sluice.capture.snapshot.worker import OnChunk, TableRun, run_read_only, run_signal_table
 from sluice.core.errors import SluiceError
 from sluice.proto import sluice_pb2 as pb
 
@@ -72,12 +72,14 @@ def new_state(tables: Sequence[str], mode: str = SIGNAL_TABLE) -> SnapshotState:
 class Snapshotter:
     def __init__(self, *, signal_table: str, tracker: SchemaTracker, start_position: pb.Position,
                  state: SnapshotState | None, connection: dict[str, Any], chunk_size: int = 8192,
-                 parallelism: int = 1, read_only: bool = False) -> None:
+                 parallelism: int = 1, read_only: bool = False,
+                 on_chunk: OnChunk | None = None) -> None:
         self.signal_table = signal_table
         self._sig = tuple(signal_table.split(".", 1)) if signal_table else ()
         self.tracker = tracker
         self.connection = connection
         self.chunk_size, self.parallelism = chunk_size, parallelism
+        self.on_chunk = on_chunk
         self.read_only = read_only or not signal_table
         self.stamper = Stamper(start_position)
         self.reconciler = WindowReconciler(stamper=self.stamper)
@@ -383,7 +385,8 @@ class Snapshotter:
         if empty:   # empty table, or resumed past its last chunk
             self._skip(table, gen)
             return
-        run = TableRun(shape, splitter, gate=lambda: self._gate(gen))
+        run = TableRun(shape, splitter, estimated_rows=estimated_rows(conn, shape.key),
+                       gate=lambda: self._gate(gen), on_chunk=self.on_chunk)
         cond = st.condition(table)
 
         def connect() -> Any:

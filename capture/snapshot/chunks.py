@@ -89,7 +89,7 @@ def min_key(conn: Any, spec: KeySpec) -> tuple[Any, ...] | None:
     return _edge_key(conn, spec, False, "")
 
 
-def _estimated_rows(conn: Any, spec: KeySpec) -> int:
+def estimated_rows(conn: Any, spec: KeySpec) -> int:
     # InnoDB's estimate (no COUNT(*) scan); 0 for a table never analysed, which means "unknown".
     with conn.cursor() as cur:
         cur.execute("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA=%s "
@@ -147,7 +147,7 @@ class ChunkSplitter:
         else:
             low = self._lower[0] + 1
         self.queries += 1
-        rows = _estimated_rows(self.conn, self.spec)
+        rows = estimated_rows(self.conn, self.spec)
         span = self.max_key[0] - low + 1
         if rows <= 0 or span <= 0:
             return

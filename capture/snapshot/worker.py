@@ -29,14 +29,18 @@ from sluice.core import failpoint
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TableRun", "run_signal_table", "run_read_only"]
+__all__ = ["TableRun", "OnChunk", "run_signal_table", "run_read_only"]
+
+OnChunk = Callable[[str, int, float, "float | None"], None]
+"""(table, rows, SELECT seconds, ETA seconds or None) after each chunk: the capture's metrics."""
 
 
 class TableRun:
     """Shared bookkeeping of one table's snapshot: next chunk, counters, progress log."""
 
     def __init__(self, shape: TableShape, splitter: ChunkSplitter, estimated_rows: int = 0,
-                 log_every_s: float = 5.0, gate: Callable[[], bool] | None = None) -> None:
+                 log_every_s: float = 5.0, gate: Callable[[], bool] | None = None,
+                 on_chunk: OnChunk | None = None) -> None:
         self.shape, self.splitter = shape, splitter
         self.lock = threading.Lock()
         self.rows = self.chunks = 0
@@ -47,6 +51,7 @@ class TableRun:
         # Called before each chunk, outside the lock: blocks while the snapshot is paused,
         # False once it was stopped (the run ends after the chunks in flight).
         self.gate = gate
+        self.on_chunk = on_chunk
         self.stopped = False
 
     def next_chunk(self):  # type: ignore[no-untyped-def]
@@ -70,12 +75,20 @@ class TableRun:
             if now - self._last_log >= self.log_every_s:
                 self._last_log = now
                 self.log("snapshot progress")
+            eta = self.eta()[1]
+        if self.on_chunk is not None:
+            self.on_chunk(chunk.table, rows, select_s, eta)
 
-    def log(self, msg: str) -> None:
+    def eta(self) -> tuple[float, float | None]:
+        """(rows per second so far, estimated seconds left or None without an estimate)."""
         el = max(1e-6, time.monotonic() - self.t0)
         rate = self.rows / el
         left = max(0, self.estimated - self.rows)
-        eta = round(left / rate, 1) if rate > 0 and self.estimated else None
+        return rate, (round(left / rate, 1) if rate > 0 and self.estimated else None)
+
+    def log(self, msg: str) -> None:
+        el = max(1e-6, time.monotonic() - self.t0)
+        rate, eta = self.eta()
         log.info(msg, extra={"fields": {"table": self.shape.key.qualified, "rows": self.rows,
                                         "chunks": self.chunks, "rows_per_s": round(rate),
                                         "eta_s": eta, "elapsed_s": round(el, 1)}})

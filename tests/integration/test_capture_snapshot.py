@@ -24,8 +24,8 @@ from sluice.capture.snapshot.signals import SIGNAL_TABLE_DDL
 from sluice.drainer.txn import Txn
 from sluice.proto import sluice_pb2 as pb
 from tests.support.binlogs import TS
-from tests.support.capture import (PUMPS, PumpLog, assert_same_rows, final_tables, source_table,
-                                   start_capture)
+from tests.support.capture import (PUMPS, PumpLog, assert_same_rows, capture_metrics, final_tables,
+                                   source_table, start_capture)
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.mariadb import MariaDBServer, mariadb_server
 from tests.support.procs import Proc, wait_until
@@ -251,6 +251,17 @@ def test_initial_snapshot_with_concurrent_writes_equals_the_source(
             assert marks == 0, "read-only mode wrote watermark rows to the source"
         else:
             assert marks >= 2 * len(chunks)
+        # What a progress bar shows: rows and chunks per table, state, tables left.
+        label = f'{{table="snap.{table}"}}'
+        wait_until(lambda: capture_metrics(cap)['sluice_capture_snapshot_state{state="finished"}'] == 1,
+                   5, 0.2, what="the snapshot state metric to say finished")
+        m = capture_metrics(cap)
+        # Rows read by the chunk SELECTs; those changed inside a window are dropped after.
+        assert m[f"sluice_capture_snapshot_rows_total{label}"] >= progress[-1].rows_done > 0
+        assert m[f"sluice_capture_snapshot_chunks_total{label}"] == len(
+            [line for line in cap.log_text().splitlines() if "snapshot chunk read" in line])
+        assert m["sluice_capture_snapshot_chunk_seconds_count"] >= ROWS // 256
+        assert m["sluice_capture_snapshot_tables_remaining"] == 0
     finally:
         churn.stop_event.set()
         log.close()
