@@ -18,6 +18,8 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.core.fsync import fsync_path
+
 __all__ = ["is_local", "local_path", "arrow_schema", "write_rows"]
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)$")
@@ -75,14 +77,7 @@ def write_rows(path: str, schema: Any, rows: Sequence[Sequence[Any]],
         name = os.path.join(d, f"part-{part:05d}.snappy.parquet")
         pq.write_table(table, name, compression="snappy", coerce_timestamps="us",
                        allow_truncated_timestamps=False)
-        _fsync(name)
-    _fsync(d)
-    _fsync(os.path.dirname(d))
+        fsync_path(name)
+    fsync_path(d)
+    fsync_path(os.path.dirname(d))
 
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

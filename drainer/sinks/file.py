@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 
 from sluice.core import ts as _ts
 from sluice.core.errors import ConfigError, CorruptRecord, InvalidArgument, SluiceError
+from sluice.core.fsync import fsync_path
 from sluice.core.rowcodec import row_to_dict
 from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_config
 from sluice.drainer.txn import SchemaLookup, Txn
@@ -70,13 +71,6 @@ def list_files(directory: str | Path) -> list[tuple[int, Path]]:
             out.append((int(m.group(1)), p))
     return sorted(out)
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _quoted_id(db: str, table: str) -> str:
@@ -205,7 +199,7 @@ class FileSink(Sink):
             if self._cfg.fsync:
                 os.fsync(f.fileno())
                 # Makes a new file's entry, and files deleted on open, durable too.
-                _fsync_dir(self._dir)
+                fsync_path(self._dir)
         except BaseException:
             f.close()
             raise

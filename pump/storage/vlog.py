@@ -33,6 +33,7 @@ from pathlib import Path
 import google_crc32c
 
 from sluice.core.errors import CorruptRecord, OutOfRange
+from sluice.core.fsync import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +82,6 @@ def decode_record(buf: bytes | memoryview, pos: int, path: str = "<buffer>",
         raise CorruptRecord(path, off, "CRC32C mismatch")
     return payload, end
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -172,7 +166,7 @@ class ValueLog:
     def _create(self, segment: int) -> None:
         fd = os.open(self.path(segment), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         os.close(fd)
-        _fsync_dir(self.dir)
+        fsync_path(self.dir)
 
     def _open_for_append(self, segment: int, offset: int) -> None:
         if self._wfd >= 0:
@@ -340,7 +334,7 @@ class ValueLog:
         return size
 
     def sync_dir(self) -> None:
-        _fsync_dir(self.dir)
+        fsync_path(self.dir)
 
     def close(self) -> None:
         with self._lock:
