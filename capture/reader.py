@@ -52,6 +52,7 @@ from pymysqlreplication.row_event import (DeleteRowsEvent, TableMapEvent, Update
 from sluice.capture.schema import SchemaTracker, TableEntry, version_of
 from sluice.capture.types import UndecodableRow
 from sluice.core.errors import SluiceError
+from sluice.core.marks import APPLY_MARK
 from sluice.proto import sluice_pb2 as pb
 
 import grpc
@@ -175,6 +176,7 @@ class _Open:
     snapshots: list[pb.TableInfo] = dataclasses.field(default_factory=list)
     ddls: list[pb.DDL] = dataclasses.field(default_factory=list)
     size: int = 0
+    marked: bool = False   # written by a Sluice sink (core/marks.py): dropped whole
 
     def where(self) -> str:
         return f"GTID {self.gtid} at {self.file}:{self.offset}"
@@ -267,6 +269,8 @@ class Assembler:
         body = _rows_body(ev)
         t.size += len(body)
         if entry.info is None or entry.decoder is None:
+            if self.tracker.filter.marks(entry.db, entry.table):
+                t.marked = True
             return   # a table outside the filter
         dec = entry.decoder
         if ev.number_of_columns != dec.ncols:
@@ -315,6 +319,8 @@ class Assembler:
         if upper == "COMMIT":
             return self._finish()
         t = self._need_txn("query")
+        if q.startswith(APPLY_MARK) and self.tracker.filter.has_marks:
+            t.marked = True   # the sink's own DDL: shapes follow it, nothing is emitted
         schema = ev.schema.decode() if isinstance(ev.schema, bytes) else (ev.schema or "")
         ddls = self.tracker.on_ddl(q, schema, version_of(t.file_seq, t.offset))
         if ddls:
@@ -359,6 +365,15 @@ class Assembler:
                           ts_ms=t.ts * 1000, server_id=t.server_id,
                           gtids=[pb.GtidPos(domain_id=d, server_id=s, seq_no=n)
                                  for d, (s, n) in sorted(self.gtid_state.items())])
+        if t.marked:
+            # A Sluice sink's own write: replicated here from elsewhere, so not captured again
+            # (it would loop). Only its position moves on; shapes it declared were not sent.
+            if t.snapshots or t.ddls:
+                self.tracker.reset_declared()
+            log.debug("transaction written by a Sluice sink skipped", extra={"fields": {"at": t.where()}})
+            return SourceTxn(position=pos, gtid=t.gtid, server_id=t.server_id, ts_ms=t.ts * 1000,
+                             file=t.file, offset=t.offset, mutations=(), schema_snapshots=(),
+                             ddls=(), size=t.size)
         return SourceTxn(position=pos, gtid=t.gtid, server_id=t.server_id, ts_ms=t.ts * 1000,
                          file=t.file, offset=t.offset, mutations=tuple(t.mutations),
                          schema_snapshots=tuple(t.snapshots), ddls=tuple(t.ddls), size=t.size)

@@ -43,8 +43,9 @@ def version_of(file_seq: int, offset: int) -> int:
 
 class TableFilter:
     """Which tables are captured: include/exclude regexes (full match) on db and on "db.table";
-    the loop-control mark table is never captured; the signal table always is (`always`), and
-    the capture strips it from what it writes."""
+    the loop-control mark table (`ignored`) is never captured, and a transaction touching it is
+    dropped whole (core/marks.py); the signal table always is (`always`), and the capture strips
+    it from what it writes."""
 
     def __init__(self, include_databases: Iterable[str] = (), exclude_databases: Iterable[str] = (),
                  include_tables: Iterable[str] = (), exclude_tables: Iterable[str] = (),
@@ -64,6 +65,14 @@ class TableFilter:
         if hit is None:
             hit = self._cache[key] = self._decide(db, table)
         return hit
+
+    def marks(self, db: str, table: str) -> bool:
+        """Whether db.table is a loop-control mark table: a transaction touching it is dropped."""
+        return bool(self._ignored) and f"{db}.{table}" in self._ignored
+
+    @property
+    def has_marks(self) -> bool:
+        return bool(self._ignored)
 
     def captures_db(self, db: str) -> bool:
         if db in ("mysql", "information_schema", "performance_schema", "sys"):

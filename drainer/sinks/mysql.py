@@ -36,6 +36,7 @@ from pymysql.constants import CLIENT
 from pymysql.converters import escape_string
 
 from sluice.core import failpoint
+from sluice.core.marks import APPLY_MARK
 from sluice.core.errors import ConfigError, InvalidArgument, SluiceError, StaleEpoch
 from sluice.core.metrics import Metrics
 from sluice.drainer.causality import Dispatcher
@@ -51,8 +52,6 @@ T = TypeVar("T")
 
 CHECKPOINT_TABLE = "sluice_checkpoint"
 EPOCH_SLOT, PROGRESS_SLOT = -1, -2
-# Marks statements the sink runs outside a worker transaction (DDL) in the downstream binlog.
-APPLY_MARK = "/* sluice-apply */"
 
 # "Subquery returns more than 1 row": the fence guard of a worker transaction found a newer epoch.
 FENCE_GUARD_ERROR = 1242
@@ -394,8 +393,9 @@ class MySQLSink(Sink):
             cur.execute("SELECT CAST(UNIX_TIMESTAMP() - VARIABLE_VALUE AS SIGNED) FROM "
                         "information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME='UPTIME'")
             self._boot = int(cur.fetchone()[0])
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS {quote_id(self._cfg.checkpoint_schema)}")
-            cur.execute(f"""CREATE TABLE IF NOT EXISTS {self._cp_table} (
+            cur.execute(f"{APPLY_MARK} CREATE DATABASE IF NOT EXISTS "
+                        f"{quote_id(self._cfg.checkpoint_schema)}")
+            cur.execute(f"""{APPLY_MARK} CREATE TABLE IF NOT EXISTS {self._cp_table} (
                 name VARCHAR(191) NOT NULL,
                 slot INT NOT NULL,
                 epoch BIGINT NOT NULL DEFAULT 0,

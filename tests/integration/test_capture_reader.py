@@ -286,8 +286,11 @@ def test_ddl_becomes_structured_table_info_and_rows_follow_the_new_shape(mariadb
     assert all(not t.schema_snapshots for t in txns)
 
 
-def test_filters_skip_tables_and_the_mark_table(mariadb_module: MariaDBServer) -> None:
-    """Filters: include/exclude databases and tables (regex); the mark table is never captured."""
+def test_filters_skip_tables_and_transactions_carrying_the_loop_mark(mariadb_module: MariaDBServer) -> None:
+    """Filters: include/exclude databases and tables (regex). Loop prevention (core/marks.py):
+    a transaction touching the mark table — every transaction a Sluice MySQL sink commits does —
+    is dropped whole, and a DDL starting with the sink's `/* sluice-apply */` is not emitted
+    (the table's shape still follows it); the position moves past both."""
     db = mariadb_module
     db.execute("CREATE DATABASE cap_filter")
     for t in ("keep", "skip_me", "sluice_mark"):
@@ -297,13 +300,27 @@ def test_filters_skip_tables_and_the_mark_table(mariadb_module: MariaDBServer) -
     try:
         with conn.cursor() as cur:
             conn.begin()
-            for t in ("keep", "skip_me", "sluice_mark"):
+            for t in ("keep", "skip_me"):
                 cur.execute(f"INSERT INTO {t} VALUES (1)")
+            conn.commit()
+            conn.begin()   # as a sink writes it: data plus its mark row
+            for t in ("keep", "sluice_mark"):
+                cur.execute(f"INSERT INTO {t} VALUES (2)")
+            conn.commit()
+            cur.execute("/* sluice-apply */ ALTER TABLE keep ADD COLUMN v INT NULL")
+            conn.begin()
+            cur.execute("INSERT INTO keep VALUES (3, 30)")
             conn.commit()
     finally:
         conn.close()
     flt = TableFilter(include_databases=["cap_filter"], exclude_tables=[r"cap_filter\.skip_.*"],
                       ignored=["cap_filter.sluice_mark"])
     txns = read_since(db, start, table_filter=flt)
-    assert [[m.table_name for m in t.mutations] for t in txns] == [["keep"]]
+    assert [[m.table_name for m in t.mutations] for t in txns] == [["keep"], [], [], ["keep"]]
     assert txns[0].size > 0
+    assert txns[1].empty and txns[2].empty and not txns[2].ddls, "the sink's writes are skipped"
+    assert txns[-1].gtid == gtid_pos(db), "the position moved past them"
+    # The shape after the skipped DDL reaches the drainer with the next captured transaction.
+    rows = [(ev.table, rowcodec.row_to_dict(ev.after, ev.table_info))
+            for txn, history in as_txns(txns) for ev in txn.rows(history)]
+    assert rows == [("keep", {"id": 1}), ("keep", {"id": 3, "v": 30})]
