@@ -270,6 +270,29 @@ def test_a_row_for_a_table_without_schema_stops_clearly_with_nothing_half_applie
     assert mariadb_module.execute(f"SELECT id FROM `{db}`.users") == [(1,)]
 
 
+def test_safe_mode_true_replays_transactions_already_applied_without_error(mariadb_module):
+    """`safe-mode = true` forces safe mode for the whole run: inserts are REPLACE and updates
+    DELETE + REPLACE, so transactions whose rows are already downstream (a restored downstream,
+    a rewound capture, a second drainer name) apply again without a duplicate-key error and the
+    tables end equal to the model; without it the same replay stops on error 1062."""
+    db = fresh_db(mariadb_module, "safe")
+    wl = RandomWorkload(12, db, keys=80, keyless=False)
+    txns = wl.transactions(400, first_ts=1000)
+    for t in wl.tables:
+        mariadb_module.execute(create_sql(t))
+    history = history_of(txns)
+    run(apply_all(sink_for(mariadb_module, history, f"{db}_cp", name="first"), txns))
+    plain = sink_for(mariadb_module, history, f"{db}_cp", name="plain")
+    with pytest.raises(ApplyError, match="MySQL error 1062"):
+        run(apply_all(plain, txns))
+    replay = sink_for(mariadb_module, history, f"{db}_cp", name="replay", **{"safe-mode": True})
+    run(apply_all(replay, txns))
+    conn = mariadb_module.connect()
+    for t in wl.tables:
+        assert fetch_rows(conn, t) == wl.expected(t), t.qualified
+    assert replay._m.safe_mode._value.get() == 1   # never left safe mode
+
+
 def test_a_permanent_error_stops_naming_table_and_commit_ts(mariadb_module):
     db = fresh_db(mariadb_module, "perm")
     u = Table(65, db, "users", USERS.columns, USERS.primary, dict(USERS.unique))
