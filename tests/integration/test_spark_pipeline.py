@@ -1,12 +1,13 @@
-"""End to end into Spark: pumps -> drainer (`sink = "spark"`) -> catalog views read by another JVM.
+"""End to end into Spark: pumps -> drainer (`sink = "spark"`) -> catalog views read by other JVMs.
 
 Real processes only: etcd, TSO, two pumps, a drainer process whose Spark sink writes through a
-Derby network-server metastore, and `sluice spark-sql` as a separate process (a second JVM on
-the same catalog) reading the current-state views.
+Derby network-server metastore; the views are read by `sluice spark-sql` as a separate process
+(its own JVM) and by this test's own Spark session (a third JVM on the same catalog).
 
 Invariant (DESIGN §7): once the drainer's durable checkpoint covers every acknowledged
 transaction, a reader in another JVM sees each acknowledged row exactly once in the
-current-state views — nothing lost, nothing doubled.
+current-state views — nothing lost, nothing doubled — and each changelog holds every change
+exactly once, in commit order.
 """
 from __future__ import annotations
 
@@ -24,21 +25,16 @@ from sluice.drainer.checkpoint import read_checkpoint
 from sluice.spark_sink.metastore import DerbyServer
 from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, fresh_ts, running_cluster,
                                    table_info)
-from tests.support.procs import PYTHON, REPO, free_port, sluice_argv, wait_until
+from tests.support.procs import REPO, sluice_argv, wait_until
+from tests.support.rows import RandomWorkload, history_of, prewrite_value, txn
+from tests.support.spark import (SparkEnv, expected_changes, expected_rows, spark_env,  # noqa: F401
+                                 view_rows)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 PUMPS = ["pump-1", "pump-2"]
 TABLES = 3
-
-
-@pytest.fixture(scope="module")
-def derby(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DerbyServer]:
-    server = DerbyServer(tmp_path_factory.mktemp("derby"), free_port()).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+RANDOM_TXNS = 20_000
 
 
 @pytest.fixture(scope="module")
@@ -58,18 +54,27 @@ def spark_sql(derby: DerbyServer, cwd: Path, *sql: str) -> list[dict]:
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def test_pumps_to_spark_views_read_by_another_jvm_equal_the_acked_rows(
-        cluster: Cluster, derby: DerbyServer, tmp_path: Path) -> None:
-    """Once the drainer's checkpoint covers every acknowledged transaction, `sluice spark-sql`
-    (another JVM) reads each acknowledged row exactly once in the current-state views."""
+def test_pumps_to_spark_views_read_by_other_jvms_equal_the_acked_rows(
+        cluster: Cluster, spark_env: SparkEnv, tmp_path: Path) -> None:
+    """Once the drainer's checkpoint covers every acknowledged transaction: `sluice spark-sql`
+    (another JVM) reads each acknowledged row exactly once in the current-state views; and after
+    20k random transactions (inserts, updates, deletes, primary-key changes, unique-key swaps,
+    three tables) each view equals the model row for row and each changelog holds every change
+    exactly once, in commit order."""
+    derby = spark_env.derby
     t0 = fresh_ts(cluster)
     w = TxnWriter(cluster, [table_info(5000 + i, "sp", f"t{i}") for i in range(TABLES)], seed=3)
+    wl = RandomWorkload(seed=21, schema="sprw", keys=3000, max_rows=4, keyless=False)
+    values = [wl.next_value() for _ in range(RANDOM_TXNS)]
     try:
         d = cluster.start_drainer("d-spark", sink="spark", wait_online=False,
-                                  **{"initial-commit-ts": t0, "to.metastore": derby.address})
+                                  **{"initial-commit-ts": t0, "to.metastore": derby.address,
+                                     "to.batch-rows": 50_000})
         cluster.wait_drainer_online(d, timeout=240)  # a Spark session + catalog set-up first
         w.declare("pump-1")
+        declared = w.write_values([prewrite_value(snapshots=wl.tables)], ["pump-1"])
         w.write(150, PUMPS, group=50)
+        acked = w.write_values(values, PUMPS, group=500)
         w.write(150, PUMPS, group=50)
         last = max(a.commit_ts for a in w.acked)
     finally:
@@ -84,7 +89,7 @@ def test_pumps_to_spark_views_read_by_another_jvm_equal_the_acked_rows(
         cp = read_checkpoint(reg, "d-spark")
         return cp is not None and cp.commit_ts >= last
     try:
-        wait_until(covered, 240, 1.0, what="the drainer's checkpoint to cover every acked txn")
+        wait_until(covered, 300, 1.0, what="the drainer's checkpoint to cover every acked txn")
     finally:
         etcd.close()
 
@@ -93,3 +98,23 @@ def test_pumps_to_spark_views_read_by_another_jvm_equal_the_acked_rows(
     want = sorted((a.table, i, v) for a in w.acked for op, i, v in a.rows)
     assert len(want) > 300
     assert got == want
+
+    # The random workload, read by this process's own Spark session.
+    spark_env.spark.catalog.clearCache()
+    for t in wl.tables:
+        assert view_rows(spark_env, f"sprw.{t.name}", t) == expected_rows(wl, t), t.name
+    txns = [txn(prewrite_value(snapshots=wl.tables), declared[0].commit_ts)] + [
+        txn(v, a.commit_ts) for v, a in zip(values, acked)]
+    want_changes = expected_changes(txns, history_of(txns))
+    got_changes = []
+    for t in wl.tables:
+        got_changes += spark_env.rows(f"SELECT _commit_ts, _seq, _op, _batch FROM sprw.{t.name}_changelog")
+    assert len(got_changes) == len({(c, s) for c, s, _, _ in got_changes}), "a change twice"
+    assert sorted((c, s, o) for c, s, o, _ in got_changes) == sorted(want_changes)
+    # Micro-batches follow commit order: a later batch never holds an earlier commit_ts.
+    spans: dict[int, list[int]] = {}
+    for c, _, _, b in got_changes:
+        lo_hi = spans.setdefault(b, [c, c])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], c), max(lo_hi[1], c)
+    ordered = [spans[b] for b in sorted(spans)]
+    assert len(ordered) >= 2 and all(a[1] < b[0] for a, b in zip(ordered, ordered[1:]))

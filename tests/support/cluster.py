@@ -317,7 +317,18 @@ class TxnWriter:
             out += self._commit_group(txns)
         return out
 
-    def _commit_group(self, txns: list[tuple[str, pb.PrewriteValue, str, Any]]) -> list[Acked]:
+    def write_values(self, values: list[pb.PrewriteValue], pumps: list[str],
+                     group: int = 500) -> list[Acked]:
+        """These prewrite values as transactions committed in this order (each one's changes
+        may depend on the previous ones'), spread over pumps; Acked in the values' order."""
+        out: list[Acked] = []
+        for i in range(0, len(values), group):
+            out += self._commit_group([(self.rng.choice(pumps), v, "", ())
+                                       for v in values[i:i + group]], ordered=True)
+        return out
+
+    def _commit_group(self, txns: list[tuple[str, pb.PrewriteValue, str, Any]],
+                      ordered: bool = False) -> list[Acked]:
         from .binlogs import commit, prewrite
         first = self.ts.get(len(txns))
         starts = list(range(first, first + len(txns)))
@@ -330,7 +341,8 @@ class TxnWriter:
         # commit_ts only after every prewrite was acknowledged (DESIGN §2.2), in random order.
         c0 = self.ts.get(len(txns))
         commit_ts = list(range(c0, c0 + len(txns)))
-        self.rng.shuffle(commit_ts)
+        if not ordered:
+            self.rng.shuffle(commit_ts)
         by_pump = {}
         acked = []
         for (pump, _, table, rows), s, c in zip(txns, starts, commit_ts):
