@@ -11,7 +11,7 @@ demo: install
 
 # pytest exit 5 ("no tests ran") is a failure too: make propagates any non-zero exit.
 test: install
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider --durations=30 tests
 
 proto: install
 	$(PY) proto/gen.py

@@ -377,3 +377,47 @@ def test_position_set_rewinds_the_capture_and_the_drainer_applies_the_rewound_st
     assert_exactly_once(rewound(), again + tail)
     cap.stop()
     drainer.proc.stop()
+
+
+def test_restart_behind_a_ddl_decodes_rows_on_both_sides_of_it(
+        cluster: Cluster, mariadb_module: MariaDBServer, pump_log: PumpLog) -> None:
+    """A capture restarted at a position before DDL it has not read yet (it was down while the
+    DDL ran) decodes the rows before each DDL with the old shape and those after with the new:
+    shapes come from the binlog's TableMaps and the parsed DDL, never from the source's current
+    schema. The pumps' rows then fold to the source's final tables."""
+    db = mariadb_module
+    load = SourceLoad(db, "behind", seed=71)
+    load.create()
+    before = gtid_pos(db)
+    cap = start_capture(cluster, db, "cap-behind")
+    wait_streaming(cap)
+    load.run(60)
+    first = gtid_range(before, gtid_pos(db))
+    pump_log.wait_for(lambda: set(first) <= {gtid_of(t) for t in pump_log.txns("cap-behind")},
+                      60, watch=(cap,))
+    assert cap.stop() == 0
+    # While it is down: rows in the old shapes, then DDL, then rows in the new shapes.
+    load.run(60)
+    load.ddl("ALTER TABLE behind.acct ADD COLUMN email VARCHAR(64) NULL")
+    load.extra_acct_column = True
+    load.ddl("ALTER TABLE behind.log MODIFY msg VARCHAR(200)")
+    load.run(60)
+    load.ddl("ALTER TABLE behind.log ADD COLUMN lvl INT NULL")
+    load.run(60)
+    after = gtid_pos(db)
+    load.close()
+    want = gtid_range(before, after)
+    cap = start_capture(cluster, db, "cap-behind")
+    pump_log.wait_for(lambda: set(want) <= {gtid_of(t) for t in pump_log.txns("cap-behind")},
+                      60, watch=(cap,))
+    txns = pump_log.txns("cap-behind")
+    assert_exactly_once(txns, want)
+    assert_source_order(txns)
+    state = final_tables(txns)
+    for table in ("acct", "item", "log"):
+        assert_same_rows(source_table(db, "behind", table), state.get(("behind", table), {}), table)
+    # Rows re-read from before the DDL carry the old shape (no `email`), those after it the new.
+    acct_cols = {len(m.changes[0].after.columns or m.changes[0].before.columns)
+                 for t in txns for m in t.prewrite.mutations if m.table_name == "acct" and m.changes}
+    assert acct_cols == {4, 5}, acct_cols
+    cap.stop()
