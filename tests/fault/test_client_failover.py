@@ -23,7 +23,7 @@ from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 from sluice.pump.config import PumpConfig
 from tests.support.binlogs import decode
-from tests.support.cluster import Cluster
+from tests.support.cluster import Cluster, commits_in_order, drainer_pull, fresh_ts
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(150)
@@ -133,6 +133,10 @@ def test_kill9_pump_during_load_fails_over_and_the_restarted_pump_is_probed_back
     cluster.start_tso()
     for i in (1, 2, 3):
         cluster.start_pump(f"pump-{i}")
+    # A drainer serving the merged stream (grpc sink: the values are not decoded) reads the
+    # pumps through it all: failover copies of one start_ts must come out once.
+    t0 = fresh_ts(cluster)
+    drainer = cluster.start_drainer("d-failover", sink="grpc", **{"initial-commit-ts": t0})
     txns: list[Txn] = []
     marks: dict[str, float] = {}
 
@@ -149,8 +153,12 @@ def test_kill9_pump_during_load_fails_over_and_the_restarted_pump_is_probed_back
             await asyncio.to_thread(wait_until, lambda: "pump-2" not in client.available_pumps(),
                                     10, what="pump-2 to become unavailable")
             n = len(txns)
-            await asyncio.to_thread(wait_until, lambda: len(txns) >= n + 3000, 60,
-                                    what="3000 txns without pump-2")
+            # At least 3000 transactions and 2.5 s without pump-2 (on a quiet machine 3000 take
+            # under a second, which leaves no acks after the 1 s grace below to look at).
+            await asyncio.to_thread(
+                wait_until, lambda: len(txns) >= n + 3000
+                and time.monotonic() - marks["killed"] >= 2.5, 60,
+                what="3000 txns and 2.5 s without pump-2")
             marks["restarting"] = time.monotonic()
             await asyncio.to_thread(cluster.start_pump, "pump-2")
             marks["restarted"] = time.monotonic()   # it takes writes from here on
@@ -186,6 +194,13 @@ def test_kill9_pump_during_load_fails_over_and_the_restarted_pump_is_probed_back
           sum(not t.committed for t in txns), "copies:",
           Counter(Counter(s for c in stored.values() for s in c).values()))
     check_one_commit_ts(txns, stored, copies=1)
+    # The drainer's merged stream: each transaction once, with its commit_ts, in commit order.
+    merged = [b for b in drainer_pull(drainer.addr, t0, {t.commit_ts for t in txns}, consumer="",
+                                      timeout=60) if b.producer_id == "load"]
+    commits = [(b.start_ts, b.commit_ts) for b in merged if b.tp == pb.COMMIT]
+    assert commits_in_order(merged) == sorted(t.commit_ts for t in txns)
+    assert sorted(commits) == sorted((t.start_ts, t.commit_ts) for t in txns)
+    drainer.proc.stop()
 
 
 def test_replicas_two_keeps_two_copies_and_writes_continue_when_one_pump_dies(

@@ -13,7 +13,8 @@ from sluice.drainer.checkpoint import read_checkpoint
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 from tests.support.binlogs import TS
-from tests.support.cluster import CLUSTER_ID, Cluster, TxnWriter, table_info
+from tests.support.cluster import (CLUSTER_ID, Cluster, TxnWriter, commits_in_order, drainer_pull,
+                                   table_info)
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,46 +32,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[C
         c.stop()
 
 
-def pull(addr: str, after: int, want: set[int], consumer: str = "c1") -> list[pb.Binlog]:
-    """Binlogs from the drainer after `after` until every commit_ts in want has arrived."""
-    ch = grpc.insecure_channel(addr)
-    got: list[pb.Binlog] = []
-    seen: set[int] = set()
-    stream = pbg.DrainerStub(ch).PullBinlogs(
-        pb.DrainerPullReq(cluster_id=CLUSTER_ID, after_commit_ts=after, consumer_id=consumer),
-        timeout=30)
-    try:
-        for resp in stream:
-            for raw in resp.binlogs:
-                b = pb.Binlog.FromString(raw)
-                got.append(b)
-                if b.tp == pb.COMMIT:
-                    seen.add(b.commit_ts)
-            if want <= seen:
-                return got
-    finally:
-        stream.cancel()
-        ch.close()
-    raise AssertionError("stream ended early")
-
-
 def ack(addr: str, commit_ts: int, consumer: str = "c1") -> None:
     with grpc.insecure_channel(addr) as ch:
         pbg.DrainerStub(ch).Ack(pb.AckReq(cluster_id=CLUSTER_ID, consumer_id=consumer,
                                           commit_ts=commit_ts), timeout=5)
-
-
-def commits_in_order(binlogs: list[pb.Binlog]) -> list[int]:
-    """Commit ts in stream order; checks every COMMIT follows its PREWRITE."""
-    prewritten: set[int] = set()
-    out = []
-    for b in binlogs:
-        if b.tp == pb.PREWRITE:
-            prewritten.add(b.start_ts)
-        elif b.tp == pb.COMMIT:
-            assert b.start_ts in prewritten, "a COMMIT before its PREWRITE"
-            out.append(b.commit_ts)
-    return out
 
 
 def test_grpc_sink_serves_the_merged_stream_and_checkpoints_at_the_lowest_ack(cluster: Cluster) -> None:
@@ -88,7 +53,7 @@ def test_grpc_sink_serves_the_merged_stream_and_checkpoints_at_the_lowest_ack(cl
     w.declare("pump-1")
     w.write(600, ["pump-1", "pump-2"], group=200)
     want = sorted(a.commit_ts for a in w.acked)
-    got = commits_in_order(pull(d.addr, t0, set(want)))
+    got = commits_in_order(drainer_pull(d.addr, t0, set(want)))
     assert got == want                       # merged: commit order, each once
     # No acknowledgement yet: the checkpoint stays at the start (pumps keep everything).
     wait_until(lambda: read_checkpoint(reg, "d-grpc") is not None, 5)
@@ -98,14 +63,14 @@ def test_grpc_sink_serves_the_merged_stream_and_checkpoints_at_the_lowest_ack(cl
     wait_until(lambda: read_checkpoint(reg, "d-grpc").commit_ts == mid, 5, what="checkpoint = ack")
     assert reg.get(NodeKind.DRAINER, "d-grpc").status.checkpoint == mid
     # The buffer now holds only > mid; the pumps still hold it all: replayed, then the buffer.
-    assert commits_in_order(pull(d.addr, t0, set(want), consumer="")) == want
+    assert commits_in_order(drainer_pull(d.addr, t0, set(want), consumer="")) == want
     # Restart: the drainer resumes from the acknowledged point; the consumer gets the rest.
     d.proc.stop()
     assert d.proc.popen.returncode == 0
     w.write(100, ["pump-1", "pump-2"], group=100)
     d = cluster.start_drainer("d-grpc", sink="grpc")
     want = sorted(a.commit_ts for a in w.acked)
-    rest = commits_in_order(pull(d.addr, mid, {c for c in want if c > mid}))
+    rest = commits_in_order(drainer_pull(d.addr, mid, {c for c in want if c > mid}))
     assert rest == [c for c in want if c > mid]
     reg.set_state(NodeKind.DRAINER, "d-grpc", NodeState.CLOSING)
     wait_until(lambda: not d.proc.alive(), 10)
@@ -133,11 +98,11 @@ def test_grpc_sink_replays_below_its_buffer_and_is_out_of_range_only_after_pump_
         w.declare("pump-1")
         w.write(400, ["pump-1", "pump-2"], group=50)
         want = sorted(a.commit_ts for a in w.acked)
-        assert commits_in_order(pull(d.addr, t0, set(want))) == want
+        assert commits_in_order(drainer_pull(d.addr, t0, set(want))) == want
         q3 = want[3 * len(want) // 4]
         ack(d.addr, q3)
         # Replay: the buffer holds > q3 only; both pumps still hold everything after t0.
-        assert commits_in_order(pull(d.addr, t0, set(want), consumer="")) == want
+        assert commits_in_order(drainer_pull(d.addr, t0, set(want), consumer="")) == want
         # GC on pump-1 follows the drainer's checkpoint (q3): then t0 is gone from it.
         ch, stub = c.pumps["pump-1"].stub()
         status = lambda: stub.Status(pb.PumpStatusReq(cluster_id=CLUSTER_ID), timeout=5)  # noqa: E731
@@ -145,12 +110,12 @@ def test_grpc_sink_replays_below_its_buffer_and_is_out_of_range_only_after_pump_
         gc_ts = status().gc_ts
         ch.close()
         with pytest.raises(grpc.RpcError) as e:
-            pull(d.addr, t0, set(want), consumer="")
+            drainer_pull(d.addr, t0, set(want), consumer="")
         assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE
         assert "pump-1" in e.value.details() and "garbage-collected" in e.value.details()
         # From the GC ts on it is still there: replayed up to the buffer, then the buffer.
         rest = [x for x in want if x > gc_ts]
-        assert commits_in_order(pull(d.addr, gc_ts, set(rest), consumer="")) == rest
+        assert commits_in_order(drainer_pull(d.addr, gc_ts, set(rest), consumer="")) == rest
         w.close()
     finally:
         c.stop()

@@ -406,6 +406,44 @@ def check_exactly_once(out_dir: Path, acked: list[Acked]) -> list[dict[str, Any]
     return got
 
 
+def drainer_pull(addr: str, after: int, want: set[int], consumer: str = "c1",
+                 cluster_id: int = CLUSTER_ID, timeout: float = 30) -> list[pb.Binlog]:
+    """Binlogs from a drainer's merged stream (grpc sink) after `after` until every commit_ts
+    in want has arrived."""
+    ch = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 1 << 30)])
+    got: list[pb.Binlog] = []
+    seen: set[int] = set()
+    stream = pbg.DrainerStub(ch).PullBinlogs(
+        pb.DrainerPullReq(cluster_id=cluster_id, after_commit_ts=after, consumer_id=consumer),
+        timeout=timeout)
+    try:
+        for resp in stream:
+            for raw in resp.binlogs:
+                b = pb.Binlog.FromString(raw)
+                got.append(b)
+                if b.tp == pb.COMMIT:
+                    seen.add(b.commit_ts)
+            if want <= seen:
+                return got
+    finally:
+        stream.cancel()
+        ch.close()
+    raise AssertionError("stream ended early")
+
+
+def commits_in_order(binlogs: list[pb.Binlog]) -> list[int]:
+    """Commit ts in stream order; checks every COMMIT follows its PREWRITE."""
+    prewritten: set[int] = set()
+    out = []
+    for b in binlogs:
+        if b.tp == pb.PREWRITE:
+            prewritten.add(b.start_ts)
+        elif b.tp == pb.COMMIT:
+            assert b.start_ts in prewritten, "a COMMIT before its PREWRITE"
+            out.append(b.commit_ts)
+    return out
+
+
 def fresh_ts(cluster: Cluster) -> int:
     """One timestamp from the cluster's TSO (e.g. a drainer's initial-commit-ts)."""
     t = TS(cluster.tso_addrs, cluster.cluster_id)
