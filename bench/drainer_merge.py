@@ -208,7 +208,6 @@ def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: 
     d = cluster.start_drainer(name, sink="grpc", wait_online=False, **{
         "initial-commit-ts": after, "to.consumers": ["bench"], "checkpoint-interval": 1.0})
     dproc = psutil.Process(d.proc.pid)
-    dcpu0 = sum(dproc.cpu_times()[:2])
     ch = grpc.insecure_channel(d.addr, options=grpcutil.CHANNEL_OPTIONS)
     n = 0
     deadline = time.monotonic() + 120
@@ -218,6 +217,7 @@ def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: 
             timeout=600, wait_for_ready=True)
         try:
             first = next(stream)
+            dcpu0 = sum(dproc.cpu_times()[:2])   # from the first response: after start-up
             break
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
