@@ -33,6 +33,8 @@ from tests.support.procs import Proc, wait_until
 pytestmark = pytest.mark.timeout(180)
 
 ROWS = 3000
+# Issue #10's initial-snapshot acceptance: 200k rows under a concurrent writer, in both modes.
+BIG_ROWS, BIG_CHUNK = 200_000, 8192
 _CHUNK_LINE = re.compile(r"snapshot chunk read .*?table=(\S+) chunk=(\d+) rows=(\d+) "
                          r"select_ms=([\d.]+)")
 
@@ -211,19 +213,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[C
 @pytest.mark.parametrize("mode", ["signal-table", "read-only"])
 def test_initial_snapshot_with_concurrent_writes_equals_the_source(
         cluster: Cluster, mariadb_module: MariaDBServer, mode: str) -> None:
-    """Rows existing before the capture started arrive as op=r chunks, reconciled with the
-    binlog: applying everything the pumps committed, in commit order, gives the source table;
+    """The 200k rows existing before the capture started arrive as op=r chunks while a writer
+    updates, deletes, re-inserts and inserts rows of the table, reconciled with the binlog:
+    applying everything the pumps committed, in commit order, gives the source table;
     every chunk binlog carries snapshot progress and a sub_seq of 2^32 + n. Read-only mode
     writes nothing to the source (no watermark rows)."""
     db = mariadb_module
     table = f"acct_{mode.replace('-', '_')}"
     producer = f"cap-snap-{mode}"
-    make_table(db, "snap", table, ROWS)
+    make_table(db, "snap", table, BIG_ROWS)
     marks_before = db.execute("SELECT COUNT(*) FROM sluice.signals")[0][0]
     log = fresh_log(cluster)
-    churn = Churn(db, "snap", table, ROWS, seed=5).start()
+    churn = Churn(db, "snap", table, BIG_ROWS, seed=5, pace_s=0.002).start()
     settings: dict[str, object] = {
-        "snapshot-mode": "initial", "snapshot-chunk-size": 256,
+        "snapshot-mode": "initial", "snapshot-chunk-size": BIG_CHUNK,
         "snapshot-parallelism": 2, "filter.include-tables": [rf"snap\.{table}"]}
     if mode == "read-only":
         settings["snapshot-read-only"] = True
@@ -231,12 +234,13 @@ def test_initial_snapshot_with_concurrent_writes_equals_the_source(
         settings["signal-table"] = "sluice.signals"
     cap = start_capture(cluster, db, producer, **settings)
     try:
-        wait_snapshot_finished(log, producer, cap)
+        wait_snapshot_finished(log, producer, cap, timeout=240)
         churn.stop()
-        wait_folded_equal(log, db, producer, "snap", table, (cap,))
+        assert churn.statements > 1000, churn.statements   # the writer ran throughout
+        wait_folded_equal(log, db, producer, "snap", table, (cap,), timeout=120)
         txns = log.txns(producer)
         chunks = chunk_txns(txns)
-        assert len(chunks) >= ROWS // 256
+        assert len(chunks) >= BIG_ROWS // BIG_CHUNK
         assert all(not t.prewrite.source.gtid for t in chunks)
         progress = [progress_of(t) for t in chunks]
         assert all(p is not None for p in progress)
@@ -260,7 +264,7 @@ def test_initial_snapshot_with_concurrent_writes_equals_the_source(
         assert m[f"sluice_capture_snapshot_rows_total{label}"] >= progress[-1].rows_done > 0
         assert m[f"sluice_capture_snapshot_chunks_total{label}"] == len(
             [line for line in cap.log_text().splitlines() if "snapshot chunk read" in line])
-        assert m["sluice_capture_snapshot_chunk_seconds_count"] >= ROWS // 256
+        assert m["sluice_capture_snapshot_chunk_seconds_count"] >= BIG_ROWS // BIG_CHUNK
         assert m["sluice_capture_snapshot_tables_remaining"] == 0
     finally:
         churn.stop_event.set()
