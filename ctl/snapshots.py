@@ -1,9 +1,11 @@
 """`sluice ctl snapshot execute|stop|pause|resume|status --producer ID`: a capture's snapshots
-through its etcd signal channel (docs/snapshots.md).
+through its etcd signal channel, or its source's signal table (docs/snapshots.md).
 
 Invariant: ctl only ever writes a signal the capture would accept — the JSON is parsed with the
 capture's own parser before it is written, so a bad regex or filter is refused here (exit 2) and
-never reaches the capture; it writes nothing to the source database.
+never reaches the capture. Through etcd (the default) it writes nothing to the source database;
+with `--signal-table DB.TABLE --source DSN` it inserts the Debezium signal row there instead
+(the capture reads it from the binlog: an execute-snapshot then runs in signal-table mode).
 
 A signal is `{"id", "type", "data"}` under `/sluice/<cluster>/producers/<ID>/signals/<id>`; the
 capture applies it (an execute-snapshot from etcd runs in read-only mode), commits its effect to
@@ -19,7 +21,7 @@ import time
 import uuid
 
 from sluice.capture.snapshot.signals import (etcd_progress_key, etcd_signal_prefix,
-                                             parse_etcd_signal)
+                                             parse_etcd_signal, parse_signal)
 from sluice.core import errors
 from sluice.core.registry import NodeKind
 
@@ -53,7 +55,12 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
                            help="chunk keyless tables by this unique NOT NULL column")
         if verb != "status":
             s.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                           help="wait until the capture applied the signal")
+                           help="wait until the capture applied the signal (etcd channel)")
+            s.add_argument("--signal-table", default="", metavar="DB.TABLE",
+                           help="send through the source's signal table (with --source) instead "
+                                "of etcd")
+            s.add_argument("--source", default="", metavar="DSN",
+                           help="the source for --signal-table: mysql://user:password@host:port")
         s.set_defaults(func=status if verb == "status" else _sender(verb))
 
 
@@ -72,6 +79,8 @@ def _sender(verb: str):  # type: ignore[no-untyped-def]
                 data["surrogate-key"] = args.surrogate_key
         sid = f"ctl-{uuid.uuid4().hex[:12]}"
         doc = {"id": sid, "type": f"{verb}-snapshot", "data": data}
+        if args.signal_table or args.source:
+            return _send_to_table(ctx, args, doc)
         key = etcd_signal_prefix(ctx.registry, args.producer) + sid
         value = json.dumps(doc, sort_keys=True)
         parse_etcd_signal(key, value)     # InvalidSignal (exit 2) before anything is written
@@ -94,6 +103,42 @@ def _sender(verb: str):  # type: ignore[no-untyped-def]
                       + (" and applied" if args.wait > 0 else ""))
         return 0
     return send
+
+
+def _send_to_table(ctx: Ctx, args: argparse.Namespace, doc: dict[str, object]) -> int:
+    """Insert the signal as a row of the source's signal table (Debezium's id, type, data)."""
+    if not (args.signal_table and args.source):
+        raise errors.InvalidArgument("--signal-table and --source go together (the signal "
+                                     "table DB.TABLE and the source DSN that holds it)")
+    if args.wait > 0:
+        raise errors.InvalidArgument("--wait needs the etcd channel: the capture does not "
+                                     "delete signal-table rows; follow it with `ctl snapshot "
+                                     "status`")
+    db, dot, table = args.signal_table.partition(".")
+    if not dot or not db or not table:
+        raise errors.InvalidArgument(f"--signal-table {args.signal_table!r}: want DB.TABLE")
+    data = json.dumps(doc["data"], sort_keys=True)
+    parse_signal(doc["id"], doc["type"], data)   # InvalidSignal (exit 2) before the insert
+    from .verify import MySQLSide   # pymysql only for this path
+    side = MySQLSide(args.source)
+    try:
+        side.query(f"INSERT INTO {quote_name(db)}.{quote_name(table)} (id, type, data) "
+                   "VALUES (%s, %s, %s)", (doc["id"], doc["type"], data))
+    except Exception as e:  # noqa: BLE001 - pymysql errors: name the table and the cause
+        raise errors.FailedPrecondition(f"cannot insert the signal into {args.signal_table} on "
+                                        f"{side.name}: {e}") from None
+    finally:
+        side.close()
+    if ctx.json:
+        render.emit_json(ctx.out, {"signal_table": args.signal_table, "signal": doc})
+    else:
+        ctx.print(f"{doc['type']} signal {doc['id']} inserted into {args.signal_table} for "
+                  f"{args.producer}")
+    return 0
+
+
+def quote_name(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def status(ctx: Ctx, args: argparse.Namespace) -> int:

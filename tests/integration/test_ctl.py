@@ -528,3 +528,17 @@ def test_mask_dsn_hides_every_password_form() -> None:
     assert mask_dsn("mysql://app:p@ss@db-host/shop?x=1") == "mysql://app:***@db-host/shop?x=1"
     assert mask_dsn("mysql://app@db-host/shop") == "mysql://app@db-host/shop"
     assert mask_dsn("host=h user=u password=s3cret;db=x") == "host=h user=u password=***;db=x"
+
+
+def test_snapshot_signal_table_channel_refuses_incomplete_or_bad_requests(live: Live) -> None:
+    """`ctl snapshot ... --signal-table` needs --source, has no --wait, and a signal the capture
+    would refuse is refused here (exit 2) before anything is written."""
+    r = live.ctl_in("snapshot", "execute", "--producer", "cap-x", "--tables", "a\\.b",
+                    "--signal-table", "sluice.signals")
+    assert r.code == 2 and "--signal-table and --source go together" in r.err, r
+    r = live.ctl_in("snapshot", "pause", "--producer", "cap-x", "--signal-table", "sluice.signals",
+                    "--source", "mysql://u:p@127.0.0.1:1", "--wait", "5")
+    assert r.code == 2 and "--wait needs the etcd channel" in r.err, r
+    r = live.ctl_in("snapshot", "execute", "--producer", "cap-x", "--tables", "a\\.(b",
+                    "--signal-table", "sluice.signals", "--source", "mysql://u:p@127.0.0.1:1")
+    assert r.code == 2 and "regex" in r.err.lower(), r

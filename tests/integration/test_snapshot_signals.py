@@ -24,6 +24,7 @@ from tests.integration.test_capture_snapshot import (Churn, chunk_reads, chunk_t
                                                      wait_folded_equal, wait_snapshot_finished)
 from tests.support.capture import PUMPS, start_capture, wait_streaming
 from tests.support.cluster import Cluster, running_cluster
+from tests.support.ctl import ctl_in
 from tests.support.mariadb import MariaDBServer
 from tests.support.procs import Proc, sluice_argv, wait_until
 
@@ -85,10 +86,11 @@ def _assert_never_blocked(cap: Proc, churn: Churn, alters: Alters, snapshot_s: f
 
 def test_execute_snapshot_signal_selects_tables_by_regex_with_a_condition(
         cluster: Cluster, mariadb_module: MariaDBServer) -> None:
-    """An execute-snapshot row in the signal table snapshots exactly the tables its regex
-    matches, only the rows its additional condition selects, reconciled with the binlog while a
-    writer changes one of them; writers and an ALTER on another table are never blocked longer
-    than one chunk query."""
+    """An execute-snapshot row in the signal table (inserted by `sluice ctl snapshot execute
+    --signal-table ... --source ...`) snapshots exactly the tables its regex matches, only the
+    rows its additional condition selects, reconciled with the binlog while a writer changes one
+    of them; writers and an ALTER on another table are never blocked longer than one chunk
+    query."""
     db = mariadb_module
     make_table(db, "sigdb", "t1", 1200)
     make_table(db, "sigdb", "t2", 800)
@@ -102,9 +104,13 @@ def test_execute_snapshot_signal_selects_tables_by_regex_with_a_condition(
         wait_streaming(cap)
         churn = Churn(db, "sigdb", "t1", 1200, seed=3).start()
         alters = Alters(db, "sigdb.other")
-        _signal(db, "ad-hoc-1", "execute-snapshot", {
-            "data-collections": [r"sigdb\.t[12]"], "type": "incremental",
-            "additional-conditions": [{"data-collection": r"sigdb\.t.*", "filter": "id % 2 = 0"}]})
+        source = f"mysql://{db.user}:{db.password}@127.0.0.1:{db.port}"
+        sent = ctl_in(cluster.etcd, cluster.cluster_id, "snapshot", "execute", "--producer",
+                      "cap-sig", "--tables", r"sigdb\.t[12]", "--condition", "id % 2 = 0",
+                      "--signal-table", "sluice.signals", "--source", source)
+        assert sent.code == 0, sent
+        assert db.execute("SELECT type FROM sluice.signals WHERE id LIKE 'ctl-%'") == \
+            [("execute-snapshot",)]
         t0 = time.monotonic()
         wait_snapshot_finished(log, "cap-sig", cap)
         snapshot_s = time.monotonic() - t0
