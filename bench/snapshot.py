@@ -9,9 +9,12 @@ same with every row converted to pb.Row (what is emitted). Same connection setti
 snapshot's `conv`) for all.
 
 The table is sysbench-shaped (id INT PK, k INT, c CHAR(120), pad CHAR(60), KEY k_1(k)), loaded
-with the sequence engine.
+with the sequence engine. While every side reads, a writer thread updates random rows
+(`UPDATE ... SET k = k + 1, c = ...`, autocommit, --writes-per-s; updates only, so every side
+reads the same row count).
 
-    .venv/bin/python bench/snapshot.py [--rows 200000] [--chunk-size 8192] [--repeat 2] [--port P]
+    .venv/bin/python bench/snapshot.py [--rows 1000000] [--chunk-size 8192] [--repeat 2]
+                                       [--writes-per-s 200] [--port P]
 
 Without --port it starts a throwaway MariaDB (tests/support/mariadb.py). Prints one table.
 """
@@ -111,9 +114,36 @@ def chunked(settings: dict, chunk_size: int, parallelism: int, convert: bool) ->
     return sum(counts), chunks[0], el
 
 
+class Writer:
+    """Random single-row UPDATEs at a steady rate until stopped (the snapshot's live writes)."""
+
+    def __init__(self, settings: dict, rows: int, per_s: float) -> None:
+        self.settings, self.rows, self.per_s = settings, rows, per_s
+        self.stop = threading.Event()
+        self.done = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import random
+        rnd = random.Random(5)
+        conn = pymysql.connect(**self.settings, database=DB, autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                next_at = time.monotonic()
+                while not self.stop.is_set():
+                    cur.execute("UPDATE sbtest1 SET k = k + 1, c = %s WHERE id = %s",
+                                (f"w{self.done}", rnd.randint(1, self.rows)))
+                    self.done += 1
+                    next_at += 1.0 / self.per_s
+                    time.sleep(max(0.0, next_at - time.monotonic()))
+        finally:
+            conn.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--writes-per-s", type=float, default=200.0)
     ap.add_argument("--chunk-size", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--port", type=int)
@@ -131,6 +161,10 @@ def main() -> None:
         results: dict[str, list[float]] = {k: [] for k in ("base", "p1", "p2", "p1conv")}
         meta: dict[str, int] = {}
         baseline(settings)  # warm the buffer pool once, so no variant pays for the first read
+        writer = Writer(settings, a.rows, a.writes_per_s) if a.writes_per_s > 0 else None
+        if writer is not None:
+            writer.thread.start()
+        t_start = time.monotonic()
         for _ in range(a.repeat):   # interleaved, best of N: the machine is shared
             n, el = baseline(settings)
             results["base"].append(el)
@@ -140,6 +174,11 @@ def main() -> None:
                 assert got == n, f"{key}: read {got} rows, the table has {n}"
                 results[key].append(el)
                 meta["chunks"] = chunks
+        if writer is not None:
+            writer.stop.set()
+            writer.thread.join(10)
+        wrote = (f", {writer.done / (time.monotonic() - t_start):.0f} updates/s running"
+                 if writer is not None else ", no writes")
         best = {k: min(v) for k, v in results.items()}
         n = meta["rows"]
         print("| what | baseline (SSCursor SELECT *) | ours | ratio |")
@@ -150,7 +189,7 @@ def main() -> None:
                   f"{n / best['base']:,.0f} | {n / best[key]:,.0f} | {best['base'] / best[key]:.2f}x |")
         print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
               f"python {platform.python_version()}, date {time.strftime('%Y-%m-%d')}, "
-              f"best of {a.repeat}, load avg {os.getloadavg()[0]:.1f}")
+              f"best of {a.repeat}, load avg {os.getloadavg()[0]:.1f}{wrote}")
     finally:
         if server is not None:
             server.destroy()

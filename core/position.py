@@ -1,16 +1,16 @@
 """Source positions (DESIGN §2.9): comparison, formatting and parsing of `pb.Position`.
 
-Invariant: source positions are totally ordered per producer by (file_seq, offset, sub_seq);
-MariaDB GTIDs are compared per domain.
+Invariant: source positions are totally ordered per producer by (generation, file_seq, offset,
+sub_seq); MariaDB GTIDs are compared per domain.
 
 The comparison rule, in order:
 
-0. The generation decides first: `ctl position set` (a deliberate rewind or skip) makes the
+1. An empty position (no file coordinates, no GTIDs; `None` counts as empty) is before every
+   non-empty position and equal to another empty one.
+1a. Then the generation decides: `ctl position set` (a deliberate rewind or skip) makes the
    producer resume at a position of a higher generation, which is after every position of the
    old one — so pumps' recorded positions, `max_position` and the drainers' per-producer filters
    all move onto the rewound stream without being told.
-1. An empty position (no file coordinates, no GTIDs; `None` counts as empty) is before every
-   non-empty position and equal to another empty one.
 2. When both positions carry file coordinates (file_seq or offset non-zero), they decide alone:
    one producer reads one binlog, so (file_seq, offset, sub_seq) is a total order and GTIDs add
    nothing. A capture that switches to another server (failover) must therefore not carry file
