@@ -14,6 +14,11 @@ buffers in non-blocking mode, see capture/reader.py) iterated to the binlog's en
    TSO, commits: all acknowledged, fsynced). Events/s = binlog events / that time.
 
     .venv/bin/python bench/capture.py [--txns 3000] [--rows-per-txn 5] [--repeat 3] [--port PORT]
+                                      [--sysbench-txns N]
+
+With --sysbench-txns the binlog is sysbench `oltp_write_only` instead (1 table of 10k rows
+prepared first, then N transactions at full speed with 4 threads: per transaction two UPDATEs
+with before/after images, a DELETE and an INSERT — about 10 binlog events).
 
 Without --port it starts a throwaway MariaDB (tests/support/mariadb.py). Prints one table.
 """
@@ -139,6 +144,8 @@ def main() -> None:
     ap.add_argument("--port", type=int)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-end-to-end", action="store_true")
+    ap.add_argument("--sysbench-txns", type=int, default=0,
+                    help="read a sysbench oltp_write_only binlog of this many transactions")
     a = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench-capture-"))
     server = cluster = etcd = None
@@ -153,9 +160,22 @@ def main() -> None:
     conn = pymysql.connect(**settings, autocommit=True)
     try:
         cur = conn.cursor()
+        sb = None
+        if a.sysbench_txns:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from e2e_support import Sysbench
+            sb = Sysbench(port, password, tables=1, table_size=10_000, threads=4)
+            sb.prepare()
         cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
         start = cur.fetchone()[0] or ""
-        load(conn, a.txns, a.rows_per_txn)
+        if sb is not None:
+            import subprocess
+            out = subprocess.run(sb.argv("run", f"--events={a.sysbench_txns}", "--time=0"),
+                                 capture_output=True, text=True, timeout=900)
+            if out.returncode != 0:
+                raise RuntimeError(f"sysbench run failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+        else:
+            load(conn, a.txns, a.rows_per_txn)
         if not a.no_end_to_end:
             from tests.support.cluster import Cluster
             from tests.support.procs import EtcdServer

@@ -22,6 +22,7 @@ from tests.support.capture import (PumpLog, SourceLoad, assert_exactly_once,
                                    gtid_range, read_file_sink_txns, start_capture, wait_streaming)
 from tests.support.binlogs import TS
 from tests.support.cluster import Cluster
+from tests.support.ctl import ctl_in
 from tests.support.mariadb import MariaDBServer
 from tests.support.procs import wait_until
 
@@ -134,7 +135,11 @@ def test_capture_killed_repeatedly_commits_every_source_transaction_once(
     in_files = Counter(t["id"] for t in read_file_sink_txns(drainer.out_dir))
     assert not [g for g in want if in_files[g] != 1], "a source GTID not exactly once in the files"
     last.stop()
-    drainer.proc.stop()
+    # Offline, not just stopped: a stopped drainer stays online, and a pump restarting later in
+    # this module would wait for it (DESIGN §4).
+    r = ctl_in(cluster.etcd, cluster.cluster_id, "offline-drainer", "d-capcrash", "--wait")
+    assert r.code == 0, r
+    assert drainer.proc.popen.wait(20) == 0  # type: ignore[union-attr]
     pump_log.close()
 
 
