@@ -449,13 +449,15 @@ class Storage:
     # submission (caller's thread)
     # ------------------------------------------------------------------------------------------
 
-    def _check_writable(self, payloads: list[bytes] | None = None) -> None:
+    def _check_writable(self, payloads: list[bytes] | None = None, metadata: bool = False) -> None:
         """Refuse writes when the storage failed, or new prewrites when the disk is nearly full.
 
         Below `stop-write-at-available-space` only PREWRITEs (and the empty probe writes that ask
         "would you take one?") are refused: COMMITs, ROLLBACKs and FAKEs are tiny, and refusing
         them would leave this pump's transactions unresolved and its watermark still, which
-        stalls every drainer's merge (DESIGN §2.4) instead of only moving producers elsewhere."""
+        stalls every drainer's merge (DESIGN §2.4) instead of only moving producers elsewhere.
+        A producer's epoch record (`metadata`) is a few index bytes too, and refusing it would
+        keep a restarted capture from recovering at all (it must fence every non-offline pump)."""
         if self._closed:
             raise FailedPrecondition("storage is closed")
         if self._broken is not None:
@@ -475,7 +477,7 @@ class Storage:
                     free = int(str(e)) if str(e).isdigit() else 0
                 self._disk_free = free
                 self._disk_checked = now
-            if self._disk_free < limit and (not payloads or _any_prewrite(payloads)):
+            if self._disk_free < limit and not metadata and (not payloads or _any_prewrite(payloads)):
                 raise ResourceExhausted(
                     f"pump disk nearly full: {self._disk_free} bytes available < "
                     f"stop-write-at-available-space {limit}; writes refused, reads continue")
@@ -493,7 +495,7 @@ class Storage:
         return total
 
     def _submit(self, req: _Req) -> None:
-        self._check_writable(req.payloads)
+        self._check_writable(req.payloads, metadata=req.kind == _EPOCH)
         with self._budget_lock:
             if self._inflight_bytes + req.nbytes > self.options.max_inflight_bytes:
                 self._stats["rejected_requests"] += 1

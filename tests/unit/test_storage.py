@@ -155,7 +155,8 @@ def test_in_flight_budget_answers_resource_exhausted(tmp_path: Path) -> None:
 def test_low_disk_guard_refuses_writes_and_reads_continue(tmp_path: Path) -> None:
     """Below stop-write-at-available-space only new PREWRITEs (and empty probe writes) are
     refused: COMMITs, ROLLBACKs and FAKEs still land, so this pump's transactions resolve and its
-    watermark keeps moving instead of stalling every drainer's merge."""
+    watermark keeps moving instead of stalling every drainer's merge; a restarted producer can
+    still record its epoch (GetProducerPosition), so it recovers and fences older epochs."""
     with Storage.open(tmp_path) as st:
         st.write_blocking([pw(5), cm(5, 6), pw(8)])
     free = psutil.disk_usage(str(tmp_path)).free
@@ -171,6 +172,7 @@ def test_low_disk_guard_refuses_writes_and_reads_continue(tmp_path: Path) -> Non
         asyncio.run(st.write([fk(10)]))
         st.write_blocking([cm(8, 12)])
         assert st.get_commit(8) == (pb.TXN_COMMITTED, 12)
+        assert asyncio.run(st.record_producer_epoch("cap", 3))[2] == 3
         assert served(st) == [(6, pb.PREWRITE, 5), (6, pb.COMMIT, 5), (10, pb.FAKE, 10),
                               (12, pb.PREWRITE, 8), (12, pb.COMMIT, 8)]
 
