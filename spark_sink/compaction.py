@@ -14,12 +14,15 @@ Small-file merging (`merge_small_files`): every micro-batch leaves its own small
 and the changelog view would list them all forever. Once a compaction covers batch U, the
 committed raw rows up to U are rewritten, with the merged rows of earlier merges, into ONE new
 directory of the table's merged changelog `tN_hist`, and its single partition is switched there
-with `ALTER TABLE ... PARTITION (_part=0) SET LOCATION` — one catalog operation that moves the
-changelog view's boundary too (the view reads raw batches after max(_batch) of the merged
-files). The merged raw partitions are then dropped from the catalog (no reader planned after the
-switch needs them) and, like every replaced directory, their files go to the trash: deleted
-`gc-grace` seconds later, so a query planned before the switch in another JVM still finds every
-file it listed.
+with `ALTER TABLE ... PARTITION (_part=0) SET LOCATION`; then ONE `ALTER VIEW` moves the
+changelog view's boundary U (a constant of the view text: merged batches <= U, raw batches > U).
+A reader resolves the view text once, then lists the merged files: with the old text it reads
+batches <= U_old from whichever files it meets (both hold them) and the raw batches after U_old;
+with the new text it can only meet the new files (the switch came first). So every combination
+is exact, provided the raw batches in (U_old, U] stay listed: the merged raw partitions are
+dropped from the catalog, and their files deleted, only `gc-grace` seconds later (a trash record
+carries both), like every replaced directory — a query planned before the switch in another JVM
+still finds every partition and file it listed.
 """
 from __future__ import annotations
 
@@ -110,14 +113,18 @@ def collect_garbage(sink: SparkSink, st: T.TableState, now_ms: int | None = None
 # Small-file merging and the trash
 # --------------------------------------------------------------------------------------------
 
-def trash(files: Files, layout: Layout, paths: list[str], now_ms: int | None = None) -> None:
-    """Schedule paths for deletion after gc-grace (one small record file per call)."""
-    if not paths:
+def trash(files: Files, layout: Layout, paths: list[str], now_ms: int | None = None,
+          drop: tuple[str, list[str]] | None = None) -> None:
+    """Schedule paths for deletion, and `drop` = (table, partition specs) for dropping from the
+    catalog first, after gc-grace (one small record file per call)."""
+    if not paths and not (drop and drop[1]):
         return
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     name = f"{now_ms:015d}-{abs(hash(tuple(paths))) % 10**8:08d}.json"
-    files.write_bytes(f"{layout.trash_dir()}/{name}",
-                      json.dumps({"replaced_ms": now_ms, "paths": paths}).encode())
+    rec: dict[str, object] = {"replaced_ms": now_ms, "paths": paths}
+    if drop and drop[1]:
+        rec["drop_table"], rec["drop_partitions"] = drop
+    files.write_bytes(f"{layout.trash_dir()}/{name}", json.dumps(rec).encode())
 
 
 def empty_trash(sink: SparkSink, now_ms: int | None = None) -> int:
@@ -135,6 +142,11 @@ def empty_trash(sink: SparkSink, now_ms: int | None = None) -> int:
             continue
         if now_ms - int(rec["replaced_ms"]) < sink.cfg.gc_grace * 1000:
             continue
+        if rec.get("drop_partitions"):
+            # Catalog first: a partition whose directory is gone already lists as empty, a
+            # directory whose partition is gone is only a leak.
+            sink.spark.sql(f"ALTER TABLE {rec['drop_table']} DROP IF EXISTS " + ", ".join(
+                f"PARTITION ({spec})" for spec in rec["drop_partitions"]))
         for p in rec["paths"]:
             files.delete(p)
             removed += 1
@@ -158,8 +170,8 @@ def partition_location(spark: object, table: str, spec: str) -> str | None:
 
 def merge_small_files(sink: SparkSink, st: T.TableState) -> T.TableState:
     """Fold the committed raw batches up to the base's batch into one new merged-changelog
-    directory, switch to it with SET LOCATION, retire the merged raw partitions; returns the
-    new state (hist set once the changelog view reads the merged changelog)."""
+    directory, switch to it with SET LOCATION, move the views' boundary, schedule the merged raw
+    partitions' retirement; returns the new state (its hist_upto is the new boundary)."""
     spark, layout, files = sink.spark, sink.layout, sink.files
     assert files is not None
     upto = st.base_upto
@@ -175,7 +187,8 @@ def merge_small_files(sink: SparkSink, st: T.TableState) -> T.TableState:
     cur = _HIST_DIR.match(current.rstrip("/").rsplit("/", 1)[-1]) if current else None
     done_upto = int(cur.group(2)) if cur else 0
     if upto <= done_upto:
-        return st
+        # A merge that crashed after its switch left the views on an older boundary: move them.
+        return _set_boundary(sink, st, done_upto) if st.hist_upto < done_upto else st
     parent = layout.hist_dir(st.table_id, 0, 0, 0).rsplit("/", 1)[0]
     existing = [(int(m.group(1)), n) for n, _ in files.list_dirs(parent) if (m := _HIST_DIR.match(n))]
     version = max([v for v, _ in existing], default=0) + 1
@@ -192,17 +205,14 @@ def merge_small_files(sink: SparkSink, st: T.TableState) -> T.TableState:
     if current is None:
         spark.sql(f"ALTER TABLE {hist} ADD IF NOT EXISTS PARTITION (`_part`=0) LOCATION '{loc}'")
     else:
-        # The switch: one metastore update; readers planned from now on read the new files.
+        # The switch of the files: readers planned from now on list the new ones (which hold
+        # every batch the old ones did, so a view text with the old boundary reads the same).
         spark.sql(f"ALTER TABLE {hist} PARTITION (`_part`=0) SET LOCATION '{loc}'")
         trash(files, layout, [current])
-    new = st
-    if not st.hist:
-        # First merge: the changelog view starts reading the merged changelog (same rows: it
-        # holds only batches the raw side then skips).
-        new = dataclasses.replace(st, hist=True)
-        sink._persist_state(new)
-        spark.sql(f"ALTER VIEW {layout.changelog(st.db, st.table)} AS {T.changelog_sql(new, layout)}")
-    # Retire the merged raw partitions: no query planned after the switch reads them.
+    new = _set_boundary(sink, st, upto)
+    # Retire the merged raw partitions — later: a reader that resolved a view text from before
+    # this merge (or the compaction before it) still reads them, so they are dropped from the
+    # catalog, like their files are deleted, only gc-grace after now (empty_trash).
     raw = layout.raw(st.table_id)
     gone = []
     for r in spark.sql(f"SHOW PARTITIONS {raw}").collect():
@@ -211,14 +221,19 @@ def merge_small_files(sink: SparkSink, st: T.TableState) -> T.TableState:
             gone.append((int(m.group(1)), int(m.group(2))))
     committed = {(c.batch, c.epoch) for c in sink.committer.read()} if sink.committer else set()
     gone = [g for g in gone if g in committed]
-    if gone:
-        # Trash first: a crash before the drop leaves partitions whose files may go later, which
-        # no view needs any more (listing a missing partition directory finds nothing); the
-        # other order would leak the files.
-        trash(files, layout, [layout.raw_dir(st.table_id, e, b) for b, e in gone])
-        spark.sql(f"ALTER TABLE {raw} DROP IF EXISTS " + ", ".join(
-            f"PARTITION (`_batch`={b}, `_epoch`={e})" for b, e in gone))
+    trash(files, layout, [layout.raw_dir(st.table_id, e, b) for b, e in gone],
+          drop=(raw, [f"`_batch`={b}, `_epoch`={e}" for b, e in gone]))
     log.info("small files merged", extra={"fields": {
         "table": f"{st.db}.{st.table}", "hist_version": version, "upto_batch": upto,
-        "raw_partitions_retired": len(gone), "seconds": round(time.monotonic() - started, 2)}})
+        "raw_partitions_to_retire": len(gone), "seconds": round(time.monotonic() - started, 2)}})
+    return new
+
+
+def _set_boundary(sink: SparkSink, st: T.TableState, upto: int) -> T.TableState:
+    """The views read merged batches <= upto: the state first (open rewrites every view from
+    it), then the changelog view — ONE catalog operation for new readers."""
+    new = dataclasses.replace(st, hist_upto=upto)
+    sink._persist_state(new)
+    sink.spark.sql(f"ALTER VIEW {sink.layout.changelog(st.db, st.table)} AS "
+                   f"{T.changelog_sql(new, sink.layout)}")
     return new

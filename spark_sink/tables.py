@@ -64,7 +64,13 @@ class TableState:
     physical: tuple[tuple[str, str], ...] = () # physical columns, append-only (table order)
     dropped: bool = False                      # DROP TABLE: views removed, history kept
     cleared: bool = False                      # has had a truncate marker: views filter by it
-    hist: bool = False                         # has a merged changelog (tN_hist) in its views
+    hist_upto: int = 0                         # last batch in the merged changelog (tN_hist) the
+                                               # views read (0: none); raw batches after it
+
+    @property
+    def hist(self) -> bool:
+        """Whether the views read a merged changelog."""
+        return self.hist_upto > 0
 
     @property
     def visible(self) -> list[Column]:
@@ -83,6 +89,10 @@ class TableState:
         cols = tuple(Column(c["name"], c["stype"], tuple(tuple(p) for p in c["phys"]), c["hidden"])
                      for c in d.pop("columns"))
         physical = tuple(tuple(p) for p in d.pop("physical"))
+        # Written before the merged changelog's boundary was part of the state: its views are
+        # rewritten at open, and the next merge (which reads the boundary from the files' location)
+        # sets it; until then the views read the raw batches.
+        d.pop("hist", None)
         return cls(columns=cols, key=tuple(d.pop("key")), physical=physical, **d)  # type: ignore[arg-type]
 
 
@@ -145,7 +155,7 @@ def evolve(state: TableState | None, info: pb.TableInfo, layout: Layout, ddl: st
         version=info.version, columns=tuple(cols), key=key_of_info(info),
         base_version=state.base_version if state else 0, base_upto=state.base_upto if state else 0,
         physical=tuple(physical), cleared=state.cleared if state else False,
-        hist=state.hist if state else False)
+        hist_upto=state.hist_upto if state else 0)
 
 
 def recreated(state: TableState) -> TableState:
@@ -216,15 +226,18 @@ def raw_columns(state: TableState) -> str:
 
 
 def all_changes_sql(state: TableState, layout: Layout) -> str:
-    """Every committed change of the table, raw columns: the merged changelog (when there is
-    one) plus the committed raw batches after the last batch it holds. The boundary is read from
-    the merged files themselves, so switching their location is the only step that moves it."""
-    if not state.hist:
+    """Every committed change of the table, raw columns: the merged changelog's batches up to
+    `hist_upto` plus the committed raw batches after it. The boundary is a constant of the view
+    text, which a reader resolves once: reading it twice from the merged files (rows and their
+    max batch) let a reader meet the old location in one read and the new one in the other,
+    and count the batches between twice (compaction.py says why the order of the switch keeps
+    every combination a reader can meet exact)."""
+    if not state.hist_upto:
         return committed_raw(state, layout)
     cols = raw_columns(state)
-    hist = f"{layout.hist(state.table_id)} WHERE `_part` = 0"
-    return (f"SELECT {cols} FROM {hist} UNION ALL SELECT {cols} FROM ({committed_raw(state, layout)}) x "
-            f"WHERE x.`_batch` > (SELECT coalesce(max(`_batch`), 0) FROM {hist})")
+    u = state.hist_upto
+    return (f"SELECT {cols} FROM {layout.hist(state.table_id)} WHERE `_part` = 0 AND `_batch` <= {u} "
+            f"UNION ALL SELECT {cols} FROM ({committed_raw(state, layout, u)}) x")
 
 
 def changelog_sql(state: TableState, layout: Layout) -> str:

@@ -1,6 +1,7 @@
 """Type mapping of the Spark sink (docs/types.md, Spark column) — no Spark session needed."""
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import decimal
 
@@ -10,7 +11,8 @@ from sluice.core.rowcodec import MySQLDateTime, python_to_datum
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import types as ST
 from sluice.spark_sink.layout import Layout
-from sluice.spark_sink.tables import TableState, UnmappableChange, evolve, phys_index
+from sluice.spark_sink.tables import (TableState, UnmappableChange, all_changes_sql, changelog_sql,
+                                      evolve, phys_index)
 from tests.support.rows import Table, col
 
 UTC = _dt.timezone.utc
@@ -112,3 +114,21 @@ def test_unmappable_change_names_table_column_and_ddl() -> None:
         evolve(s1, t2.info, layout, "ALTER TABLE notes MODIFY body INT")
     msg = str(e.value)
     assert "shop.notes" in msg and "body" in msg and "ALTER TABLE notes MODIFY body INT" in msg
+
+
+def test_the_changelog_view_reads_the_merged_changelog_once_with_a_constant_boundary() -> None:
+    """A reader resolves a view's text once but lists each table it names separately: the
+    changelog view names the merged changelog once, with the boundary between merged and raw
+    batches a constant of its text, so one query can never mix two merge generations (the
+    boundary read from the merged files in a second subquery could, and counted batches twice).
+    A state written before the boundary was kept loads without it (the views read raw)."""
+    layout = Layout("/tmp/x", "sluice", "{schema}", "src")
+    t = Table(6, "shop", "orders", [col("id", "int(11)", nullable=False)], primary=["id"])
+    st = dataclasses.replace(evolve(None, t.info, layout), base_version=2, base_upto=40,
+                             hist_upto=40)
+    sql = changelog_sql(st, layout)
+    assert sql.count(layout.hist(6)) == 1
+    assert "`_batch` <= 40" in sql and "r.`_batch` > 40" in sql and "max(" not in sql
+    assert layout.hist(6) not in all_changes_sql(dataclasses.replace(st, hist_upto=0), layout)
+    legacy = st.to_json().replace('"hist_upto":40', '"hist":true')
+    assert TableState.from_json(legacy).hist_upto == 0
