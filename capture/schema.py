@@ -316,10 +316,15 @@ class SchemaTracker:
         tid = stable_table_id(self.source, db, table)
         if not self.filter.captures(db, table):
             return TableEntry(tid, db, table, None, None), None
-        key = (db, table, tuple((c.type, c.name, c.unsigned, getattr(c, "collation_name", None),  # type: ignore[attr-defined]
-                                 _bin_column(c), tuple(getattr(c, "enum_values", None) or ()),
-                                 tuple(getattr(c, "set_values", None) or ()))
-                                for c in event.columns), bytes(event.null_bitmask))  # type: ignore[attr-defined]
+        key = getattr(event, "_sluice_key", None)
+        if key is None:
+            key = (db, table, tuple((c.type, c.name, c.unsigned, getattr(c, "collation_name", None),  # type: ignore[attr-defined]
+                                     _bin_column(c), tuple(getattr(c, "enum_values", None) or ()),
+                                     tuple(getattr(c, "set_values", None) or ()))
+                                    for c in event.columns), bytes(event.null_bitmask))  # type: ignore[attr-defined]
+            # Kept on the event: a TableMap parsed once (capture/reader.py) hands it to the
+            # events of equal bodies, which then skip this signature too.
+            event._sluice_key = key  # type: ignore[attr-defined]
         hit = self._compiled.get(key)
         if hit is not None:
             return TableEntry(tid, db, table, hit[0], hit[1]), None
