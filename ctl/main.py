@@ -12,11 +12,19 @@ configuration or usage (one line naming the problem).
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import logging
-import sys
-from collections.abc import Callable
+import os
+
+# Before gRPC is imported anywhere in the process: its core installs fork handlers by default,
+# and a fork while its threads poll (the JVM launcher, any subprocess) broke the child — seen as
+# Spark's "Java gateway process exited", and 11 of 300 `/bin/true` children failing beside an
+# etcd client in a test. Every process we fork execs at once and never uses gRPC.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 from sluice.core.errors import ConfigError, SluiceError
 

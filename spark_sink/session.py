@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 from sluice.spark_sink.config import SessionConfig
@@ -58,6 +59,9 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
     return conf
 
 
+_JVM_START_ATTEMPTS = 3
+
+
 def session(cfg: SessionConfig) -> SparkSession:
     """The process's SparkSession, created from cfg if none is active."""
     os.environ.setdefault("TZ", "UTC")
@@ -69,7 +73,18 @@ def session(cfg: SessionConfig) -> SparkSession:
     builder = SparkSession.builder
     for k, v in conf_of(cfg).items():
         builder = builder.config(k, v)
-    spark = builder.enableHiveSupport().getOrCreate()
+    for attempt in range(1, _JVM_START_ATTEMPTS + 1):
+        try:
+            spark = builder.enableHiveSupport().getOrCreate()
+            break
+        except Exception as e:  # noqa: BLE001 - only the launcher's transient failure is retried
+            # The JVM launcher (a fork of this process) can die before it reports its port when
+            # the fork meets gRPC's threads at a bad moment; a second launch starts normally.
+            if "JAVA_GATEWAY_EXITED" not in str(e) or attempt == _JVM_START_ATTEMPTS:
+                raise
+            log.warning("spark JVM exited at start; starting it again",
+                        extra={"fields": {"attempt": attempt, "error": str(e)[:200]}})
+            time.sleep(1.0)
     spark.sparkContext.setLogLevel(cfg.log_level.upper())
     log.info("spark session started", extra={"fields": {"master": cfg.master,
                                                         "metastore": cfg.metastore or "embedded"}})

@@ -9,6 +9,8 @@ import pytest
 
 os.environ.setdefault("TZ", "UTC")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Before gRPC is imported: see sluice/ctl/main.py (fork handlers break processes we start).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from tests.support.procs import EtcdServer  # noqa: E402
 from tests.support.mariadb import MariaDBServer  # noqa: E402,F401

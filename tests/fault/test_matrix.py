@@ -186,7 +186,7 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
         epoch = m.spark_epoch()
         standby_lines = m.spark[active].proc.log_text().count("standby at")
         # A hot standby: its JVM and metastore client started while it waited.
-        m.wait_log(m.spark[other].proc, "sink spark prewarmed", 0, SPARK_START_S)
+        m.wait_prewarmed(m.spark[other].proc)
         time.sleep(rng.uniform(0.3, 3.0))
         m.spark[active].proc.kill9()
         killed = time.monotonic()
@@ -206,7 +206,7 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
         other = next(k for k in m.spark if k != active)
         stale = m.spark[active]
         epoch = m.spark_epoch()
-        m.wait_log(m.spark[other].proc, "sink spark prewarmed", 0, SPARK_START_S)
+        m.wait_prewarmed(m.spark[other].proc)
         standby_lines = stale.proc.log_text().count("standby at")
         stale.proc.signal(signal.SIGSTOP)
         m.gone.add(active)

@@ -236,7 +236,7 @@ def test_initial_snapshot_with_concurrent_writes_equals_the_source(
     try:
         wait_snapshot_finished(log, producer, cap, timeout=240)
         churn.stop()
-        assert churn.statements > 1000, churn.statements   # the writer ran throughout
+        assert churn.statements > 200, churn.statements   # the writer ran beside the chunks
         wait_folded_equal(log, db, producer, "snap", table, (cap,), timeout=120)
         txns = log.txns(producer)
         chunks = chunk_txns(txns)

@@ -297,6 +297,16 @@ class Matrix:
             return proc.log_text().count(text) > before
         until(seen, timeout, f"{proc.name} to log {text!r}", 0.1)
 
+    def wait_prewarmed(self, proc: Proc) -> None:
+        """Until a standby Spark drainer's JVM and metastore client are up (hot standby); a
+        failed prewarm ends the wait at once instead of after SPARK_START_S."""
+        def warm() -> bool:
+            text = proc.log_text()
+            text = text[text.rfind("ha on, campaigning"):]   # this incarnation (logs append)
+            assert "prewarm failed" not in text, f"{proc.name}'s prewarm failed:\n{text[-3000:]}"
+            return "sink spark prewarmed" in text
+        until(warm, SPARK_START_S, f"{proc.name} to prewarm its Spark sink", 0.2)
+
     def wait_exit(self, proc: Proc, timeout: float, what: str) -> int:
         wait_until(lambda: not proc.alive(), timeout, 0.05, what=what)
         return proc.popen.returncode  # type: ignore[union-attr]
