@@ -27,10 +27,10 @@ Run: .venv/bin/python bench/drainer_merge.py [--sources 5] [--per-source 200000]
 from __future__ import annotations
 
 import argparse
-import itertools
 import datetime
 import gc
 import heapq
+import itertools
 import os
 import platform
 import random
