@@ -217,6 +217,7 @@ def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: 
             timeout=600, wait_for_ready=True)
         try:
             first = next(stream)
+            t_first = time.time()
             dcpu0 = sum(dproc.cpu_times()[:2])   # from the first response: after start-up
             break
         except grpc.RpcError as e:
@@ -243,6 +244,8 @@ def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: 
             started = datetime.datetime.strptime(line.split()[0], "%Y-%m-%dT%H:%M:%S.%fZ").replace(
                 tzinfo=datetime.timezone.utc).timestamp()
     assert started is not None
+    print(f"    ours: first response {1000 * (t_first - started):.0f} ms after online, last "
+          f"{1000 * (t_end - started):.0f} ms", flush=True)
     d.proc.stop()
     return total / (t_end - started)
 

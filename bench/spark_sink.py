@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TZ", "UTC")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from sluice.drainer.server import tune_gc  # noqa: E402
 from sluice.drainer.sink import Checkpoint  # noqa: E402
 from sluice.drainer.txn import SchemaHistory, Txn  # noqa: E402
 from sluice.spark_sink.config import SparkSinkConfig  # noqa: E402
@@ -243,6 +244,7 @@ def main() -> None:
     ap.add_argument("--apply-batch", type=int, default=500)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
+    tune_gc()   # the drainer process's GC settings: the sink runs inside it
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     derby = DerbyServer(work / "derby", free_port()).start()

@@ -76,9 +76,11 @@ def _fmt(ts: int | None) -> str:
 
 
 _OPS = {pb.INSERT: "c", pb.UPDATE: "u", pb.DELETE: "d", pb.READ: "r"}
+_INSERT, _UPDATE, _DELETE, _READ = pb.INSERT, pb.UPDATE, pb.DELETE, pb.READ
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ costs ~0.7 us more per row, and nothing mutates these.
+@dataclasses.dataclass(slots=True)
 class RowEvent:
     op: str                       # 'c' | 'u' | 'd' | 'r'
     schema: str
@@ -118,37 +120,52 @@ class Txn:
 
     def rows(self, schema: SchemaLookup) -> list[RowEvent]:
         """Row events in source order; raises MissingSchema for a table unknown at commit_ts."""
+        # The sinks' hot path: one branch per op, each image looked up only where the op has it.
         out: list[RowEvent] = []
+        append = out.append
         snapshot_chunk = self.prewrite.snapshot_chunk
+        commit_ts = self.commit_ts
         seq = 0
         for m in self.prewrite.mutations:
-            info = schema.table_at(m.table_id, self.commit_ts)
+            table_id = m.table_id
+            info = schema.table_at(table_id, commit_ts)
             if info is None:
-                raise MissingSchema(m.table_id, m.schema_name, m.table_name, self.commit_ts)
+                raise MissingSchema(table_id, m.schema_name, m.table_name, commit_ts)
             if m.table_version and info.version and m.table_version != info.version:
                 # Rows are decoded by commit_ts; a differing version stamp means the producer and
                 # the schema history disagree — worth a trace when a decode later fails.
                 log.warning("table version mismatch", extra={"fields": {
-                    "table_id": m.table_id, "rows_version": m.table_version,
-                    "schema_version": info.version, "commit_ts": self.commit_ts}})
+                    "table_id": table_id, "rows_version": m.table_version,
+                    "schema_version": info.version, "commit_ts": commit_ts}})
             schema_name = info.schema_name or m.schema_name
             table_name = info.table_name or m.table_name
             for ch in m.changes:
-                op = _OPS.get(ch.tp)
-                if op is None:
-                    raise CorruptTxn(self.pump_id, self.start_ts, self.commit_ts,
-                                     f"row change of unknown type {ch.tp} for table id {m.table_id}")
-                if op == "c" and snapshot_chunk:
-                    op = "r"
-                before = ch.before if op in ("u", "d") and ch.HasField("before") else None
-                after = ch.after if op in ("c", "u", "r") and ch.HasField("after") else None
-                if (op in ("u", "d") and before is None) or (op != "d" and after is None):
-                    raise CorruptTxn(self.pump_id, self.start_ts, self.commit_ts,
-                                     f"op {op} row #{seq} of table id {m.table_id} lacks its "
-                                     f"{'before' if op in ('u', 'd') and before is None else 'after'} image")
-                out.append(RowEvent(op, schema_name, table_name, m.table_id, before, after, info, seq))
+                tp = ch.tp
+                if tp == _INSERT or tp == _READ:
+                    if not ch.HasField("after"):
+                        raise self._lacks(seq, table_id, "r" if snapshot_chunk else _OPS[tp], "after")
+                    append(RowEvent("r" if snapshot_chunk or tp == _READ else "c", schema_name,
+                                    table_name, table_id, None, ch.after, info, seq))
+                elif tp == _UPDATE:
+                    if not ch.HasField("before") or not ch.HasField("after"):
+                        raise self._lacks(seq, table_id, "u",
+                                          "after" if ch.HasField("before") else "before")
+                    append(RowEvent("u", schema_name, table_name, table_id, ch.before, ch.after,
+                                    info, seq))
+                elif tp == _DELETE:
+                    if not ch.HasField("before"):
+                        raise self._lacks(seq, table_id, "d", "before")
+                    append(RowEvent("d", schema_name, table_name, table_id, ch.before, None,
+                                    info, seq))
+                else:
+                    raise CorruptTxn(self.pump_id, self.start_ts, commit_ts,
+                                     f"row change of unknown type {tp} for table id {table_id}")
                 seq += 1
         return out
+
+    def _lacks(self, seq: int, table_id: int, op: str, image: str) -> CorruptTxn:
+        return CorruptTxn(self.pump_id, self.start_ts, self.commit_ts,
+                          f"op {op} row #{seq} of table id {table_id} lacks its {image} image")
 
     @classmethod
     def from_binlogs(cls, prewrite_parts: list[bytes], commit: bytes, pump_id: str) -> Txn:

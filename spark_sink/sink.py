@@ -6,8 +6,10 @@ commit_ts <= the last committed record are skipped (the drainer's etcd checkpoin
 it), recovery removes everything uncommitted, and checkpoint() reports the last committed
 record's commit_ts with (batch, epoch) in sink_state.
 
-Batches: `batch-rows` buffered rows or `batch-interval` seconds, and every flush(). A
-primary-key change (and any update of a keyless table) lands as a delete of the old image plus a
+Batches: `batch-rows` buffered rows or `batch-interval` seconds, and every flush(). A full
+batch commits in the background while apply() buffers the next one (at most one commit in
+flight, commits in batch order); flush() returns once everything applied is committed, and a
+commit's error is raised by the next apply() or flush(). A primary-key change (and any update of a keyless table) lands as a delete of the old image plus a
 create of the new one, `_seq` 2i and 2i+1 for the transaction's i-th row change.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from sluice.spark_sink import tables as T
 from sluice.spark_sink.commit import CommitRecord, Committer, Fenced
 from sluice.spark_sink.config import SparkSinkConfig
 from sluice.spark_sink.layout import Files, Layout, q, sql_str
-from sluice.spark_sink.types import ColumnPlan, plan_columns, row_values
+from sluice.spark_sink.types import RowReader, row_reader
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +68,13 @@ class SparkSink(Sink):
         self._views_dirty: set[int] = set()    # views to (re)create after the next commit
         self._renamed: list[tuple[str, str]] = []   # views to drop after the next commit
         self._pre_views: set[int] = set()      # views to rewrite BEFORE the next commit point
-        self._plans: dict[tuple[int, int], list[ColumnPlan]] = {}
+        self._readers: dict[tuple[int, int], RowReader] = {}
         self._key_index: dict[tuple[int, int, int], list[int]] = {}   # Datum positions of the key
         self._buf = _Buffer()
         self._failed: BaseException | None = None
+        # The commit in flight (its result: tables due for compaction) and its one thread.
+        self._pending: concurrent.futures.Future[list[int]] | None = None
+        self._committer_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._since_compact: dict[int, int] = {}
         self.skipped = 0
         # Seconds spent per commit step since open (convert, files, partitions, commit) and in
@@ -147,6 +152,15 @@ class SparkSink(Sink):
 
     async def close(self) -> None:
         self._buf = _Buffer()
+        fut, self._pending = self._pending, None
+        try:
+            if fut is not None:
+                # Let the commit in flight finish (its error, e.g. Fenced, is the caller's).
+                await asyncio.wrap_future(fut)
+        finally:
+            if self._committer_pool is not None:
+                self._committer_pool.shutdown(wait=False)
+                self._committer_pool = None
 
     @property
     def committed_ts(self) -> int:
@@ -169,16 +183,23 @@ class SparkSink(Sink):
     # -- applying -----------------------------------------------------------------------------
 
     async def apply(self, batch: list[Txn]) -> None:
+        if self._pending is not None and self._pending.done():
+            await self._settle()   # its error now, and the compactions it made due
         self._check_usable()
         for txn in batch:
             if txn.commit_ts <= self.committed_ts:
                 self.skipped += 1
                 continue
+            pv = txn.prewrite
+            if self._pending is not None and (pv.schema_snapshots or pv.HasField("ddl")):
+                # Schema effects change table states, which a compaction after the commit in
+                # flight rewrites too: one at a time.
+                await self._settle()
             try:
                 self._schema_effects(txn)
             except T.UnmappableChange as e:
                 # Stop cleanly: everything before this DDL is committed, nothing after it.
-                await self._commit_buffer()
+                await self._commit_all()
                 self._failed = e
                 raise
             t = time.perf_counter()
@@ -186,11 +207,18 @@ class SparkSink(Sink):
             self.timings["decode_s"] = self.timings.get("decode_s", 0.0) + time.perf_counter() - t
             if self._buf.count >= self.cfg.batch_rows or (
                     self._buf.count and time.monotonic() - self._buf.first_mono >= self.cfg.batch_interval):
-                await self._commit_buffer()
+                await self._settle()
+                self._start_commit()
 
     async def flush(self) -> None:
+        await self._settle()
         self._check_usable()
-        await self._commit_buffer()
+        await self._commit_all()
+
+    async def _commit_all(self) -> None:
+        await self._settle()
+        self._start_commit()
+        await self._settle()
 
     def _schema_effects(self, txn: Txn) -> None:
         """Fold a transaction's schema snapshots and DDL into the table states (docs/spark.md,
@@ -304,27 +332,32 @@ class SparkSink(Sink):
         ts_ms = (src.ts_ms if src is not None and src.ts_ms else
                  txn.position.ts_ms if txn.position is not None and txn.position.ts_ms else None)
         cts, producer = txn.commit_ts, txn.producer_id or None
+        states, readers, brows = self._states, self._readers, buf.rows
         for ev in events:
             info = ev.table_info
-            st = self._states.get(ev.table_id)
+            tid = ev.table_id
+            st = states.get(tid)
             if st is None or info.version > st.version:
                 st = self._evolve(info, "")
-            plans = self._plans.get((ev.table_id, info.version))
-            if plans is None:
-                plans = self._plans[(ev.table_id, info.version)] = plan_columns(info)
-            rows = buf.rows.setdefault(ev.table_id, [])
+            read = readers.get((tid, info.version))
+            if read is None:
+                read = readers[(tid, info.version)] = row_reader(info)
+            rows = brows.get(tid)
+            if rows is None:
+                rows = brows[tid] = []
             seq = ev.seq * 2
-            if ev.op == "d":
-                vals, zero = row_values(ev.before, info, plans)  # type: ignore[arg-type]
+            op = ev.op
+            if op == "d":
+                vals, zero = read(ev.before)  # type: ignore[arg-type]
                 rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
                 continue
-            vals, zero = row_values(ev.after, info, plans)  # type: ignore[arg-type]
-            if ev.op == "u" and self._key_changed(st, info, ev.before, ev.after):  # type: ignore[arg-type]
-                bvals, bzero = row_values(ev.before, info, plans)  # type: ignore[arg-type]
+            vals, zero = read(ev.after)  # type: ignore[arg-type]
+            if op == "u" and self._key_changed(st, info, ev.before, ev.after):  # type: ignore[arg-type]
+                bvals, bzero = read(ev.before)  # type: ignore[arg-type]
                 rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, bzero), bvals, info))
                 rows.append((("c", cts, seq + 1, info.version, producer, pos, ts_ms, zero), vals, info))
                 continue
-            rows.append(((ev.op, cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
+            rows.append(((op, cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
         buf.count += len(events)
         buf.last_ts = cts
         if not buf.first_mono:
@@ -351,7 +384,9 @@ class SparkSink(Sink):
 
     # -- committing ---------------------------------------------------------------------------
 
-    async def _commit_buffer(self) -> None:
+    def _start_commit(self) -> None:
+        """Hand the buffer to the commit thread (the previous commit has settled)."""
+        assert self._pending is None
         buf, self._buf = self._buf, _Buffer()
         if not buf.count and not self._dirty and not self._views_dirty and not self._renamed:
             return
@@ -360,14 +395,34 @@ class SparkSink(Sink):
         pre, self._pre_views = set(self._pre_views), set()
         renamed, self._renamed = list(self._renamed), []
         states = dict(self._states)
+        if self._committer_pool is None:
+            self._committer_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="spark-commit")
+        self._pending = self._committer_pool.submit(self._commit_sync, buf, states, dirty, views,
+                                                    renamed, pre)
+
+    async def _settle(self) -> None:
+        """Wait for the commit in flight, then run the compactions it made due."""
+        fut = self._pending
+        if fut is None:
+            return
         try:
-            await asyncio.to_thread(self._commit_sync, buf, states, dirty, views, renamed, pre)
+            due = await asyncio.wrap_future(fut)
         except BaseException as e:
-            self._failed = e
+            if fut.done():   # (not when only our wait was cancelled: close() waits for it)
+                self._pending = None
+                if not fut.cancelled() and self._failed is None:
+                    self._failed = e
             raise
+        self._pending = None
+        if due and not self._dirty:
+            # (With a state change waiting for the next batch, compaction waits for it too.)
+            await asyncio.to_thread(self._compact_due, due)
 
     def _commit_sync(self, buf: _Buffer, states: dict[int, T.TableState], dirty: set[int],
-                     views: set[int], renamed: list[tuple[str, str]], pre: set[int]) -> None:
+                     views: set[int], renamed: list[tuple[str, str]], pre: set[int]) -> list[int]:
+        """One batch's catalog and file work (the commit thread); returns the tables whose
+        compaction is due."""
         for tid in sorted(dirty):
             self._persist_state(states[tid])
         for tid in sorted(pre):
@@ -380,13 +435,19 @@ class SparkSink(Sink):
             self._spark.sql(f"DROP VIEW IF EXISTS {self.layout.changelog(db, table)}")
         for tid in sorted(views):
             self._write_views(states[tid])
+        due = []
         if buf.count and self.cfg.compact_every:
             for tid in buf.rows:
-                n = self._since_compact.get(tid, 0) + 1
-                self._since_compact[tid] = n
-                if n >= self.cfg.compact_every and not self._states[tid].dropped:
-                    self.compact_table(tid)
-                    self._since_compact[tid] = 0
+                n = self._since_compact[tid] = self._since_compact.get(tid, 0) + 1
+                if n >= self.cfg.compact_every:
+                    due.append(tid)
+        return due
+
+    def _compact_due(self, due: list[int]) -> None:
+        for tid in due:
+            if not self._states[tid].dropped:
+                self.compact_table(tid)
+            self._since_compact[tid] = 0
 
     def compact_table(self, table_id: int) -> T.TableState:
         """Compact one table, merge its small files (when configured) and empty the trash of

@@ -81,6 +81,57 @@ def test_restart_skips_committed_transactions(spark_env: SparkEnv) -> None:
     assert sink2.checkpoint().commit_ts == txns[-1].commit_ts
 
 
+def test_a_full_batch_commits_while_the_next_one_buffers(spark_env: SparkEnv) -> None:
+    """A full batch commits in the background: apply() returns while its commit is in flight,
+    the checkpoint moves only when the commit point is written, flush() waits for everything;
+    a background commit's error is raised by the next call and nothing after it lands."""
+    import time
+
+    from sluice.core import failpoint
+    env = spark_env
+    txns = [schema_txn(T0, ITEMS)] + [
+        txn(prewrite_value(ITEMS.mutation(ITEMS.insert(id=i, qty=i, note="p"))), T0 + i)
+        for i in range(1, 61)]
+    schema = history(txns[:1])
+    sink = make_sink(env, "pc", schema, batch_rows=20)
+    run(sink.open(Checkpoint(0)))
+    run(sink.apply(txns[:1]))
+    run(sink.flush())
+    before = sink.checkpoint().commit_ts   # (the schema alone makes no batch)
+    failpoint.enable("spark-after-files", "1*sleep(2000)")
+    try:
+        t = time.monotonic()
+        run(sink.apply(txns[1:21]))          # fills the batch: its commit sleeps in the thread
+        assert time.monotonic() - t < 1.5
+        assert sink.checkpoint().commit_ts == before   # not committed yet
+        run(sink.apply(txns[21:31]))         # buffered beside the commit in flight
+        run(sink.flush())
+    finally:
+        failpoint.disable("spark-after-files")
+    assert sink.checkpoint().commit_ts == txns[30].commit_ts
+    assert env.rows("SELECT count(*) FROM pc_inv.items")[0][0] == 30
+    failpoint.enable("spark-before-commit", "1*raise(commit failed)")
+    try:
+        run(sink.apply(txns[31:51]))         # the batch's commit fails in the background
+        with pytest.raises(Exception, match="commit failed"):
+            for _ in range(100):
+                run(sink.apply(txns[51:52]))   # (the same transaction: never committed)
+                time.sleep(0.05)
+    finally:
+        failpoint.disable("spark-before-commit")
+    with pytest.raises(Exception, match="failed earlier"):
+        run(sink.flush())
+    assert sink.checkpoint().commit_ts == txns[30].commit_ts
+    run(sink.close())
+    again = make_sink(env, "pc", history(txns[:1]))
+    run(again.open(Checkpoint(0)))
+    assert again.checkpoint().commit_ts == txns[30].commit_ts
+    run(drive(again, txns, history(txns[:1])))
+    assert env.rows("SELECT count(*), count(DISTINCT _commit_ts, _seq) FROM pc_inv.items_changelog")[0] \
+        == (60, 60)
+    run(again.close())
+
+
 def test_ddl_add_drop_widen_then_unmappable_stops(spark_env: SparkEnv) -> None:
     env = spark_env
     v1 = ITEMS

@@ -36,7 +36,9 @@ def test_column_types(column_type: str, spark: str) -> None:
 def conv(column_type: str, value: object) -> object:
     c = col("c", column_type)
     info = pb.TableInfo(table_id=1, schema_name="s", table_name="t", columns=[c])
-    vals, zero = ST.row_values(pb.Row(columns=[python_to_datum(value, c)]), info, ST.plan_columns(info))
+    row = pb.Row(columns=[python_to_datum(value, c)])
+    vals, zero = ST.row_values(row, info, ST.plan_columns(info))
+    assert ST.row_reader(info)(row) == (vals, zero)   # the sink's generated reader agrees
     return (vals[0], zero)
 
 
@@ -65,6 +67,42 @@ def test_zero_dates_are_null_with_a_flag() -> None:
     assert conv("date", MySQLDateTime()) == (None, ["c"])
     assert conv("datetime", MySQLDateTime(2021, 6, 0, 10)) == (None, ["c"])
     assert conv("datetime", None) == (None, None)
+
+
+def test_generated_row_reader_equals_row_values() -> None:
+    """The sink's per-table generated reader gives row_values' values, zero-date flags and
+    errors for every shape of row: all columns (hidden ones skipped), visible ones only, nulls,
+    every Datum kind a column may carry, and a wrong column count."""
+    cols = [col("id", "bigint(20)", nullable=False), col("u", "bigint(20) unsigned"),
+            col("d", "decimal(10,2)"), col("born", "date"), col("seen", "datetime(6)"),
+            col("dur", "time(6)"), col("doc", "json"), col("b", "varbinary(8)"),
+            col("r", "double"), col("s", "varchar(8)"), col("bits", "bit(8)")]
+    cols.insert(3, col("gone", "int(11)"))
+    cols[3].hidden = True   # a dropped column: its Datum stays in full rows, the view skips it
+    info = pb.TableInfo(table_id=1, schema_name="s", table_name="t", columns=cols, version=3)
+    plans = ST.plan_columns(info)
+    read = ST.row_reader(info, plans)
+    values = [[7, 2**64 - 1, decimal.Decimal("-1.50"), 5, _dt.date(2024, 2, 29),
+               _dt.datetime(2024, 1, 1, 0, 0, 0, 1, tzinfo=UTC), _dt.timedelta(seconds=-1),
+               '{"a": 1}', b"\x00", 1.5, "ü", 3],
+              [-(2**63), 0, None, None, MySQLDateTime(), MySQLDateTime(2021, 6, 0), None, None,
+               None, None, None, None]]
+    for vs in values:
+        full = pb.Row(columns=[python_to_datum(v, c) for v, c in zip(vs, cols)])
+        visible = pb.Row(columns=[d for d, c in zip(full.columns, cols) if not c.hidden])
+        for row in (full, visible):
+            assert read(row) == ST.row_values(row, info, plans)
+    assert read(full)[1] == ["born", "seen"]
+    # Datum kinds beside a column's native one go through its converter, as in row_values.
+    odd = pb.Row(columns=[d for d in full.columns])
+    odd.columns[0].CopyFrom(pb.Datum(str="12"))
+    odd.columns[10].CopyFrom(pb.Datum(int=4))
+    assert read(odd) == ST.row_values(odd, info, plans)
+    assert read(odd)[0][0] == 12 and read(odd)[0][9] == "4"
+    short = pb.Row(columns=list(full.columns)[:5])
+    for f in (read, lambda r: ST.row_values(r, info, plans)):
+        with pytest.raises(Exception, match="has 5 values for 12 columns"):
+            f(short)
 
 
 @pytest.mark.parametrize("old,new,ok", [
