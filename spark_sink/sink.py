@@ -42,7 +42,10 @@ _SHAPED = (pb.CREATE_TABLE, pb.ALTER_TABLE, pb.RENAME_TABLE, pb.TRUNCATE_TABLE)
 
 @dataclasses.dataclass
 class _Buffer:
-    rows: dict[int, list[tuple[tuple[Any, ...], list[Any], pb.TableInfo]]] = dataclasses.field(default_factory=dict)
+    # Per table, rows as they land (META_COLUMNS then the values of the row's TableInfo
+    # version, whose number is the row's _schema_ver); the versions' TableInfos beside them.
+    rows: dict[int, list[tuple[Any, ...]]] = dataclasses.field(default_factory=dict)
+    infos: dict[tuple[int, int], pb.TableInfo] = dataclasses.field(default_factory=dict)
     count: int = 0
     last_ts: int = 0
     first_mono: float = 0.0
@@ -298,9 +301,10 @@ class SparkSink(Sink):
         if pos and txn.producer_id:
             buf.positions[txn.producer_id] = pos
         rows = buf.rows.setdefault(info.table_id, [])
+        buf.infos.setdefault((info.table_id, info.version), info)
         vals = [None] * sum(1 for c in info.columns if not c.hidden)
-        rows.append(((T.TRUNCATED, txn.commit_ts, 0, info.version, txn.producer_id or None, pos,
-                      None, None), vals, info))
+        rows.append((T.TRUNCATED, txn.commit_ts, 0, info.version, txn.producer_id or None, pos,
+                     None, None, *vals))
         buf.count += 1
         buf.last_ts = txn.commit_ts
         if not buf.first_mono:
@@ -335,29 +339,27 @@ class SparkSink(Sink):
         states, readers, brows = self._states, self._readers, buf.rows
         for ev in events:
             info = ev.table_info
-            tid = ev.table_id
+            tid, ver = ev.table_id, info.version
             st = states.get(tid)
-            if st is None or info.version > st.version:
+            if st is None or ver > st.version:
                 st = self._evolve(info, "")
-            read = readers.get((tid, info.version))
+            read = readers.get((tid, ver))
             if read is None:
-                read = readers[(tid, info.version)] = row_reader(info)
+                read = readers[(tid, ver)] = row_reader(info)
             rows = brows.get(tid)
             if rows is None:
                 rows = brows[tid] = []
+            if (tid, ver) not in buf.infos:
+                buf.infos[(tid, ver)] = info
             seq = ev.seq * 2
             op = ev.op
             if op == "d":
-                vals, zero = read(ev.before)  # type: ignore[arg-type]
-                rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
-                continue
-            vals, zero = read(ev.after)  # type: ignore[arg-type]
-            if op == "u" and self._key_changed(st, info, ev.before, ev.after):  # type: ignore[arg-type]
-                bvals, bzero = read(ev.before)  # type: ignore[arg-type]
-                rows.append((("d", cts, seq, info.version, producer, pos, ts_ms, bzero), bvals, info))
-                rows.append((("c", cts, seq + 1, info.version, producer, pos, ts_ms, zero), vals, info))
-                continue
-            rows.append(((op, cts, seq, info.version, producer, pos, ts_ms, zero), vals, info))
+                rows.append(read(ev.before, ("d", cts, seq, ver, producer, pos, ts_ms)))  # type: ignore[arg-type]
+            elif op == "u" and self._key_changed(st, info, ev.before, ev.after):  # type: ignore[arg-type]
+                rows.append(read(ev.before, ("d", cts, seq, ver, producer, pos, ts_ms)))  # type: ignore[arg-type]
+                rows.append(read(ev.after, ("c", cts, seq + 1, ver, producer, pos, ts_ms)))  # type: ignore[arg-type]
+            else:
+                rows.append(read(ev.after, (op, cts, seq, ver, producer, pos, ts_ms)))  # type: ignore[arg-type]
         buf.count += len(events)
         buf.last_ts = cts
         if not buf.first_mono:
@@ -491,19 +493,23 @@ class SparkSink(Sink):
             elif create:
                 spark.sql(f"CREATE VIEW IF NOT EXISTS {name} AS {text}")
 
-    def _table_rows(self, st: T.TableState, rows: list[tuple[tuple[Any, ...], list[Any], pb.TableInfo]]) -> list[tuple[Any, ...]]:
-        """Buffered rows in the table's physical column order."""
+    def _table_rows(self, st: T.TableState, buf: _Buffer, table_id: int) -> list[tuple[Any, ...]]:
+        """The table's buffered rows in its physical column order (as buffered when no column
+        of their versions moved or was dropped: the common case)."""
+        rows = buf.rows[table_id]
         width = len(st.physical)
-        index_of: dict[int, list[int]] = {}
+        index_of = {ver: T.phys_index(st, info) for (tid, ver), info in buf.infos.items()
+                    if tid == table_id}
+        if all(idx == list(range(width)) for idx in index_of.values()):
+            return rows
+        meta = len(T.META_COLUMNS)
         out = []
-        for meta, vals, info in rows:
-            idx = index_of.get(info.version)
-            if idx is None:
-                idx = index_of[info.version] = T.phys_index(st, info)
-            if len(idx) == width and idx == list(range(width)):
-                out.append((*meta, *vals))  # the common case: no column moved or dropped
+        for r in rows:
+            idx = index_of[r[3]]
+            if idx == list(range(width)):
+                out.append(r)
             else:
-                out.append(T.physical_row(meta, vals, idx, width))
+                out.append(T.physical_row(r[:meta], list(r[meta:]), idx, width))
         return out
 
     def _write_table_files(self, st: T.TableState, rows: list[tuple[Any, ...]], batch: int) -> None:
@@ -525,7 +531,7 @@ class SparkSink(Sink):
         batch = (self._last.batch if self._last is not None else 0) + 1
         tables = sorted(buf.rows)
         t0 = time.monotonic()
-        converted = {tid: self._table_rows(states[tid], buf.rows[tid]) for tid in tables}
+        converted = {tid: self._table_rows(states[tid], buf, tid) for tid in tables}
         t1 = time.monotonic()
         if len(tables) == 1:
             self._write_table_files(states[tables[0]], converted[tables[0]], batch)
