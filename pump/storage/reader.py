@@ -160,6 +160,7 @@ class CommitReader:
         self._commits = commits
         self.packed = False   # describe entries by packed arrays (PullBinlogsReq.packed_meta)
         self._gen: Iterator[tuple[tuple[bytes, ...], int, bool]] | None = None
+        self._max_bytes = 0   # of the chunk being built (next_chunk sets it)
         self._opened_at = after
         self._done = False
         # two read windows: (segment, file offset of buf[0], buf)
@@ -168,6 +169,7 @@ class CommitReader:
 
     def next_chunk(self, max_bytes: int) -> Chunk:
         """Up to about max_bytes of payloads (at least one binlog when any is ready)."""
+        self._max_bytes = max_bytes
         if self._gen is None:
             if self._done:
                 return Chunk(b"", 0, self.after, True)
@@ -298,6 +300,7 @@ class CommitReader:
                         in_txn = 0
                     elif size >= max_bytes:   # a huge transaction: split, not yet covered
                         yield parts, [], count, covered, False
+                        max_bytes = self._max_bytes   # the caller may ask more now
                         parts = []
                         append = parts.append
                         del metas[:]
@@ -307,6 +310,7 @@ class CommitReader:
                 wlen = len(wbuf)
             if size >= max_bytes:
                 yield parts, metas if whole else [], count, covered, False
+                max_bytes = self._max_bytes
                 parts = []
                 append = parts.append
                 metas = []
@@ -404,6 +408,7 @@ class CommitReader:
                         ends.append(end)
                     elif size >= max_bytes:   # a huge transaction: split, not yet covered
                         yield parts, [], count, covered, False
+                        max_bytes = self._max_bytes   # the caller may ask more now
                         parts = []
                         append = parts.append
                         cts, sts, ends, fakes, positioned = [], [], [], [], []
@@ -414,6 +419,7 @@ class CommitReader:
             if size >= max_bytes:
                 meta = [packed_meta(cts, sts, ends, fakes, positioned)] if whole else []
                 yield parts, meta, count, covered, False
+                max_bytes = self._max_bytes
                 parts = []
                 append = parts.append
                 cts, sts, ends, fakes, positioned = [], [], [], [], []

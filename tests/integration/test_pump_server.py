@@ -82,6 +82,37 @@ def test_pull_returns_whole_transactions_in_commit_order_then_follows(cluster: C
     ch.close()
 
 
+def test_a_pull_starts_with_a_small_response_and_grows_to_the_full_size(cluster: Cluster, ts: TS) -> None:
+    """A consumer merging several pumps waits for every pump's first response: a backlog is
+    served from a small first response, each next one twice the last, up to the full size, in
+    commit order with nothing missing."""
+    from sluice.pump.service import PULL_FIRST_MESSAGE_BYTES, PULL_MESSAGE_BYTES
+    pump = cluster.start_pump()
+    ch, stub = pump.stub()
+    value = b"v" * 1000
+    n = 4000   # ~8 MB of prewrites: beyond the first responses' doubling
+    starts = []
+    for i in range(0, n, 200):
+        group = [ts.get() for _ in range(200)]
+        write(stub, *(prewrite(s, value) for s in group))
+        write(stub, *(commit(s, ts.get()) for s in group))
+        starts += group
+    sizes, commits = [], []
+    stream = stub.PullBinlogs(pb.PullBinlogsReq(cluster_id=CLUSTER_ID, after_commit_ts=0), timeout=30)
+    for resp in stream:
+        sizes.append(sum(map(len, resp.binlogs)))
+        commits += [b.start_ts for b in map(decode, resp.binlogs) if b.tp == pb.COMMIT]
+        if len(commits) >= n:
+            break
+    stream.cancel()
+    ch.close()
+    assert commits == starts
+    txn = 1100   # ~ a transaction's two binlogs: a response ends after the one crossing its size
+    assert sizes[0] <= PULL_FIRST_MESSAGE_BYTES + txn
+    assert sizes[1] > sizes[0] * 1.5
+    assert max(sizes) <= PULL_MESSAGE_BYTES + txn and max(sizes) > PULL_MESSAGE_BYTES // 2
+
+
 def test_idle_pump_emits_fake_binlogs(cluster: Cluster) -> None:
     pump = cluster.start_pump()
     ch, stub = pump.stub()
