@@ -172,6 +172,8 @@ class DrainerServer:
         self._heartbeat: Any = None
         self._raw = False                   # the sink takes RawTxn batches (grpc)
         self._follows_merge = True
+        self._background = False            # the sink commits in the background (spark)
+        self._sink_committed = False        # a background commit finished: save a checkpoint
         self._want_schema = False
         self._applied_positions: dict[str, pb.Position] = {}
         self._position_log: collections.deque[tuple[int, str, pb.Position]] = collections.deque()
@@ -350,6 +352,10 @@ class DrainerServer:
         if set_replay is not None:
             set_replay(self._open_replay)
         self._follows_merge = bool(getattr(self.sink, "checkpoint_follows_merge", True))
+        self._background = bool(getattr(self.sink, "commits_in_background", False))
+        if self._background:
+            self.sink.set_commit_listener(  # type: ignore[attr-defined]
+                lambda: loop.call_soon_threadsafe(self._on_sink_commit))
         self._want_schema = cp.schema is None and not self._raw
         self._guard()
         await self.sink.open(cp)
@@ -605,6 +611,10 @@ class DrainerServer:
         has_room = getattr(self.sink, "has_room", None)
         return has_room() if has_room is not None else True
 
+    def _on_sink_commit(self) -> None:
+        self._sink_committed = True
+        self._data.set()
+
     async def _merge_loop(self) -> None:
         interval = self.config.checkpoint_interval
         next_save = time.monotonic() + interval
@@ -633,8 +643,15 @@ class DrainerServer:
             now = time.monotonic()
             if now >= next_save:
                 if m is not None:
-                    await self._save_checkpoint()
+                    await self._save_checkpoint(final=False)
                 next_save = time.monotonic() + interval
+                continue
+            if self._sink_committed:
+                # Record a background commit as soon as it is durable (it started at the last
+                # periodic save or when the sink's batch filled).
+                self._sink_committed = False
+                if m is not None:
+                    await self._save_checkpoint(final=False, commit=False)
                 continue
             if applied:
                 continue
@@ -731,25 +748,35 @@ class DrainerServer:
             base[producer] = pos
         return base
 
-    async def _save_checkpoint(self, follow_merge: bool = True) -> None:
+    async def _save_checkpoint(self, follow_merge: bool = True, final: bool = True,
+                               commit: bool = True) -> None:
+        """Flush the sink and save its durable position (final: at stop, pause, close, a bad
+        transaction). A periodic save of a sink that commits in the background does not wait:
+        it starts a commit of what is buffered (commit=True) and saves what is durable now; the
+        merge follows only when the sink holds nothing uncommitted."""
         sink = self.sink
         assert sink is not None
         # Read before the flush: everything emitted up to it has been applied, and the flush
         # makes it durable. Later emissions are not covered by this flush.
         w = self.merger.merge_watermark if self.merger is not None else self.durable_ts
         self._guard()
-        await sink.flush()
+        background = self._background and not final
+        if not background:
+            await sink.flush()
+        elif commit:
+            await sink.commit_soon()  # type: ignore[attr-defined]
         if self.txns_out != self._txns_at_save:
             # Between the sink write and the checkpoint, when there is something to lose.
             await failpoint.ainject("drainer-before-checkpoint-save")
         self._txns_at_save = self.txns_out
         sc = sink.checkpoint()
         commit_ts = sc.commit_ts
-        if follow_merge and self._follows_merge:
+        if follow_merge and self._follows_merge and (not background or sink.idle):  # type: ignore[attr-defined]
             commit_ts = max(commit_ts, w)
         if commit_ts < self.durable_ts:
-            log.warning("sink reported checkpoint %d below the saved %d; keeping the saved one",
-                        commit_ts, self.durable_ts)
+            if not background:   # (a background sink's last batch may predate a merge-following save)
+                log.warning("sink reported checkpoint %d below the saved %d; keeping the saved "
+                            "one", commit_ts, self.durable_ts)
             commit_ts = self.durable_ts
         positions = self._positions_at(commit_ts)
         self.schema.prune(commit_ts)

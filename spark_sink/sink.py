@@ -19,6 +19,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sluice.core import failpoint
@@ -55,6 +56,10 @@ class _Buffer:
 class SparkSink(Sink):
     name = "spark"
     checkpoint_follows_merge = True   # flush() commits everything applied
+    # The drainer's periodic checkpoint calls commit_soon() (never waits) instead of flush(),
+    # and saves again when the listener says a commit finished; `idle` says when the merge
+    # watermark may be saved.
+    commits_in_background = True
 
     def __init__(self, options: SparkSinkConfig, schema: SchemaLookup, source_name: str = "sluice",
                  epoch: int = 0, spark: Any = None) -> None:
@@ -78,6 +83,7 @@ class SparkSink(Sink):
         # The commit in flight (its result: tables due for compaction) and its one thread.
         self._pending: concurrent.futures.Future[list[int]] | None = None
         self._committer_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._on_commit: Callable[[], None] | None = None
         self._since_compact: dict[int, int] = {}
         self.skipped = 0
         # Seconds spent per commit step since open (convert, files, partitions, commit) and in
@@ -217,6 +223,26 @@ class SparkSink(Sink):
         await self._settle()
         self._check_usable()
         await self._commit_all()
+
+    async def commit_soon(self) -> None:
+        """Start committing what is buffered, unless a commit is still in flight; never waits
+        for one (a finished one is settled first: its error is raised here)."""
+        if self._pending is not None:
+            if not self._pending.done():
+                return
+            await self._settle()
+        self._check_usable()
+        self._start_commit()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing applied is uncommitted: no buffered rows or state changes, no commit in flight."""
+        return (self._pending is None and not self._buf.count and not self._dirty
+                and not self._views_dirty and not self._renamed and not self._pre_views)
+
+    def set_commit_listener(self, listener: Callable[[], None]) -> None:
+        """Called from the commit thread after each background commit (success or failure)."""
+        self._on_commit = listener
 
     async def _commit_all(self) -> None:
         await self._settle()
@@ -402,6 +428,9 @@ class SparkSink(Sink):
                 1, thread_name_prefix="spark-commit")
         self._pending = self._committer_pool.submit(self._commit_sync, buf, states, dirty, views,
                                                     renamed, pre)
+        if self._on_commit is not None:
+            listener = self._on_commit
+            self._pending.add_done_callback(lambda _f: listener())
 
     async def _settle(self) -> None:
         """Wait for the commit in flight, then run the compactions it made due."""
