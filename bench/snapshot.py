@@ -37,7 +37,7 @@ import pymysql.cursors  # noqa: E402
 from sluice.capture.snapshot.chunks import ChunkSplitter, SplitOptions  # noqa: E402
 from sluice.capture.snapshot.keys import load_shape  # noqa: E402
 from sluice.capture.snapshot.reader import (RowConverter, SNAPSHOT_CONV, chunk_sql,  # noqa: E402
-                                            snapshot_connect)
+                                            select_rows, snapshot_connect)
 
 DB = "bench_snapshot"
 
@@ -96,11 +96,12 @@ def chunked(settings: dict, chunk_size: int, parallelism: int, convert: bool) ->
                     return
                 chunks[0] += 1
             sql, params = chunk_sql(shape, c)
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                rows = cur.fetchall()
-            if convert:
-                rows = [conv.row(r) for r in rows]
+            if convert:   # the snapshot's own read: rows made from the wire packets
+                rows = select_rows(conn, sql, params, conv)
+            else:
+                with conn.cursor() as cur:
+                    cur.execute(sql, params)
+                    rows = cur.fetchall()
             counts[i] += len(rows)
 
     ts = [threading.Thread(target=work, args=(i,)) for i in range(parallelism)]

@@ -20,6 +20,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import pymysql
+
 from sluice.core import rowcodec
 from sluice.core.errors import FailedPrecondition, InvalidArgument
 from sluice.proto import sluice_pb2 as pb
@@ -95,6 +97,28 @@ def _column_info(row: dict[str, Any]) -> pb.ColumnInfo:
     return c
 
 
+_JSON_CHECK = re.compile(r"^\s*json_valid\(`((?:[^`]|``)+)`\)\s*$", re.IGNORECASE)
+
+
+def _mark_json(cur: Any, db: str, table: str, cols: list[pb.ColumnInfo]) -> None:
+    """MariaDB's JSON is a LONGTEXT with a `json_valid(col)` check, which information_schema
+    lists as LONGTEXT: the column becomes "json", as the capture's DDL reader makes it, so chunk
+    rows carry the binlog's json Datums. (MySQL reports JSON itself and has no TABLE_NAME in
+    CHECK_CONSTRAINTS: nothing to do there.)"""
+    if not any(c.data_type.endswith("text") for c in cols):
+        return
+    try:
+        cur.execute("SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
+                    "WHERE CONSTRAINT_SCHEMA=%s AND TABLE_NAME=%s", (db, table))
+    except (pymysql.err.OperationalError, pymysql.err.ProgrammingError, pymysql.err.InternalError):
+        return
+    checked = {m.group(1).replace("``", "`") for (clause,) in cur.fetchall()
+               if (m := _JSON_CHECK.match(str(clause)))}
+    for c in cols:
+        if c.name in checked and c.data_type.endswith("text"):
+            c.data_type = c.column_type = "json"
+
+
 def load_shape(conn: Any, db: str, table: str, surrogate_key: str = "") -> TableShape:
     """Read the table's columns and indexes and choose its snapshot key.
 
@@ -110,6 +134,7 @@ def load_shape(conn: Any, db: str, table: str, surrogate_key: str = "") -> Table
         cols = [_column_info(dict(zip(names, r))) for r in cur.fetchall()]
         if not cols:
             raise InvalidArgument(f"snapshot of {db}.{table}: no such table")
+        _mark_json(cur, db, table, cols)
         cur.execute("SELECT INDEX_NAME, NON_UNIQUE, COLUMN_NAME FROM information_schema.STATISTICS "
                     "WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s ORDER BY INDEX_NAME, SEQ_IN_INDEX",
                     (db, table))

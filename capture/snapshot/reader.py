@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pymysql
+import pymysql.cursors
 from pymysql.constants import FIELD_TYPE
 
 from sluice.capture.snapshot.chunks import Chunk
@@ -27,7 +28,8 @@ from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-__all__ = ["snapshot_connect", "RowConverter", "chunk_sql", "read_chunk", "SNAPSHOT_CONV"]
+__all__ = ["snapshot_connect", "RowConverter", "chunk_sql", "read_chunk", "select_rows",
+           "SNAPSHOT_CONV"]
 
 _RAW = (FIELD_TYPE.DATE, FIELD_TYPE.NEWDATE, FIELD_TYPE.DATETIME, FIELD_TYPE.TIMESTAMP,
         FIELD_TYPE.TIME, FIELD_TYPE.DECIMAL, FIELD_TYPE.NEWDECIMAL, FIELD_TYPE.FLOAT,
@@ -119,12 +121,47 @@ def _setter(col: pb.ColumnInfo) -> Callable[[pb.Datum, Any], None]:
     return f
 
 
+_INTS = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint", "year"})
+_TEXTS = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"})
+_BLOBS = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
+_UTF8 = frozenset({"utf8", "utf-8", "utf8mb4", "utf8mb3"})
+# How a packet reader sets a column's Datum from its wire bytes (see RowConverter.packet_reader).
+_INT, _UINT, _STR, _BYTES, _OTHER = range(5)
+
+
 class RowConverter:
-    """SELECT tuples (from a `snapshot_connect` connection) -> pb.Row, one setter per column."""
+    """SELECT rows (from a `snapshot_connect` connection) -> pb.Row, one setter per column:
+    `row` for tuples pymysql decoded, `packet_reader` straight from the rows' wire packets."""
 
     def __init__(self, columns: Sequence[pb.ColumnInfo]) -> None:
         self.columns = tuple(columns)
         self._setters = [_setter(c) for c in self.columns]
+
+    def packet_reader(self, converters: Sequence[tuple[str | None, Any]]
+                      ) -> Callable[[Any, Callable[[], pb.RowChange]], pb.Row]:
+        """pymysql's `_read_row_from_packet` for one result, making the pb.Row itself.
+
+        `converters`: the result's (encoding, converter) per column, as pymysql derived them
+        from the field descriptions. Integers are parsed from their text, UTF-8 text is handed to
+        protobuf as bytes (it checks and decodes them in C) and binary strings as they are; the
+        other types go through pymysql's decoding and converter and then `row`'s setter — every
+        column gets the Datum `row` would give it, at about half the Python work per row."""
+        if len(converters) != len(self.columns):
+            raise InvalidArgument(f"chunk SELECT returned {len(converters)} columns for "
+                                  f"{len(self.columns)} (did the table change shape mid-snapshot?)")
+        plan = []
+        for (encoding, conv), col, setter in zip(converters, self.columns, self._setters):
+            t = col.data_type
+            if t in _INTS and encoding in (None, "ascii") and conv in (int, None):
+                kind = _UINT if col.unsigned else _INT
+            elif t in _TEXTS and conv is None and encoding in _UTF8:
+                kind = _STR
+            elif (t in _TEXTS or t in _BLOBS) and conv is None and encoding is None:
+                kind = _BYTES
+            else:
+                kind = _OTHER
+            plan.append((kind, encoding, conv, setter))
+        return _compile_reader(plan)
 
     def row(self, values: Sequence[Any]) -> pb.Row:
         if len(values) != len(self._setters):
@@ -139,6 +176,69 @@ class RowConverter:
             else:
                 setter(d, v)
         return row
+
+
+def _length(data: bytes, pos: int) -> tuple[int, int]:
+    """A length-coded integer of 3, 4 or 9 bytes at data[pos] (first byte 252, 253, 254): (n, pos
+    after it)."""
+    first = data[pos]
+    if first == 252:
+        return data[pos + 1] | data[pos + 2] << 8, pos + 3
+    if first == 253:
+        return data[pos + 1] | data[pos + 2] << 8 | data[pos + 3] << 16, pos + 4
+    if first == 254:
+        return int.from_bytes(data[pos + 1:pos + 9], "little"), pos + 9
+    raise InvalidArgument(f"a chunk row packet has the length byte {first} (0xff) in a value")
+
+
+# The statement that sets a column's Datum from its wire bytes data[pos:end], per kind.
+_SET = {_INT: "add().int = int(data[pos:end])", _UINT: "add().uint = int(data[pos:end])",
+        _STR: "add().str = data[pos:end]", _BYTES: "add().bytes = data[pos:end]"}
+
+
+def _compile_reader(plan: list[tuple[int, str | None, Any, Callable[[pb.Datum, Any], None]]]
+                    ) -> Callable[[Any, Callable[[], pb.RowChange]], pb.Row]:
+    """The row reader for `plan` as one function with the columns unrolled (no per-column loop,
+    tuple unpacking or kind tests): one statement per column sets its Datum.
+    `read(packet, new_change)`: the row is the `after` of `new_change()`, a RowChange added to a
+    message holding the whole chunk (cheaper than a pb.Row of its own each)."""
+    width = len(plan)
+    env: dict[str, Any] = {"_length": _length, "InvalidArgument": InvalidArgument}
+    src = ["def read(packet, new_change):",
+           "    data = packet._data",
+           "    pos = start = packet._position",
+           "    row = new_change().after",
+           "    add = row.columns.add",
+           "    try:"]
+    for i, (kind, encoding, conv, setter) in enumerate(plan):
+        # A length-coded string (protocol::LengthEncodedString); 251 is NULL.
+        src += ["        n = data[pos]",
+                "        if n == 251:",
+                "            add().null = True",
+                "            pos += 1",
+                "        else:",
+                "            if n < 251:",
+                "                pos += 1",
+                "            else:",
+                "                n, pos = _length(data, pos)",
+                "            end = pos + n"]
+        if kind in _SET:
+            src.append(f"            {_SET[kind]}")
+        else:
+            env[f"enc{i}"], env[f"conv{i}"], env[f"set{i}"] = encoding, conv, setter
+            value = "data[pos:end]" if encoding is None else f"data[pos:end].decode(enc{i})"
+            src.append(f"            set{i}(add(), {value if conv is None else f'conv{i}({value})'})")
+        src.append("            pos = end")
+    src += ["    except IndexError:",
+            "        raise InvalidArgument(f'a chunk row packet of {len(data) - start} bytes ends "
+            f"before its {width} columns') from None",
+            "    if pos != len(data):",
+            "        raise InvalidArgument(f'a chunk row packet holds {len(data) - start} bytes, "
+            f"{{pos - start}} of them for its {width} columns')",
+            "    packet._position = pos",
+            "    return row"]
+    exec("\n".join(src), env)  # noqa: S102 - generated from the plan's kinds and indexes only
+    return env["read"]  # type: ignore[no-any-return]
 
 
 def chunk_sql(shape: TableShape, chunk: Chunk, condition: str = "") -> tuple[str, list[Any]]:
@@ -158,8 +258,28 @@ def read_chunk(conn: Any, shape: TableShape, chunk: Chunk, condition: str = "",
     """Run the chunk's SELECT on `conn` (autocommit: one consistent read; or inside the caller's
     consistent-snapshot transaction) and convert its rows."""
     sql, params = chunk_sql(shape, chunk, condition)
-    conv = converter or RowConverter(shape.columns)
-    with conn.cursor() as cur:
-        cur.execute(sql, params)
-        raw = cur.fetchall()
-    return [conv.row(r) for r in raw]
+    return select_rows(conn, sql, params, converter or RowConverter(shape.columns))
+
+
+def select_rows(conn: Any, sql: str, params: Sequence[Any], converter: RowConverter) -> list[pb.Row]:
+    """Run a SELECT of the converter's columns on `conn` (a pymysql connection) and return its
+    rows as pb.Row, each made from its wire packet by `converter.packet_reader` (the rows are
+    never Python tuples)."""
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(sql, params)   # unbuffered: the rows are still on the wire
+        result = cur._result
+        read = converter.packet_reader(result.converters)
+        # pymysql's unbuffered row loop (MySQLResult._read_rowdata_packet_unbuffered) without its
+        # per-row fetchone calls. Should `read` raise, closing the cursor drains the rest.
+        read_packet, at_eof = conn._read_packet, result._check_packet_is_eof
+        rows: list[pb.Row] = []
+        append = rows.append
+        new_change = pb.TableMutation().changes.add   # one message holds the chunk's rows
+        while True:
+            packet = read_packet()
+            if at_eof(packet):
+                break
+            append(read(packet, new_change))
+        result.unbuffered_active = False
+        result.connection = result.rows = None
+        return rows

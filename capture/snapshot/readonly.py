@@ -28,7 +28,7 @@ from typing import Any
 from sluice.capture.snapshot.chunks import Chunk
 from sluice.capture.snapshot.emit import ChunkEmission, Stamper
 from sluice.capture.snapshot.keys import TableShape
-from sluice.capture.snapshot.reader import RowConverter, chunk_sql
+from sluice.capture.snapshot.reader import RowConverter, chunk_sql, select_rows
 from sluice.core import failpoint
 from sluice.core.errors import FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
@@ -194,14 +194,12 @@ def read_chunk_consistent(conn: Any, hold: ConsistentReadHold, shape: TableShape
                 # Tests widen the gap between p and the SELECT, where a writer races the read.
                 failpoint.inject(CHUNK_FAILPOINT)
                 sql, params = chunk_sql(shape, chunk, condition)
-                cur.execute(sql, params)
-                raw = cur.fetchall()
+                rows = select_rows(conn, sql, params, converter or RowConverter(shape.columns))
             finally:
                 cur.execute("COMMIT")
-        conv = converter or RowConverter(shape.columns)
-        hold.complete(ticket, shape, chunk, [conv.row(r) for r in raw])
+        hold.complete(ticket, shape, chunk, rows)
         log.debug("consistent chunk read", extra={"fields": {
-            "table": chunk.table, "chunk": chunk.index, "rows": len(raw), "p": ticket.p}})
+            "table": chunk.table, "chunk": chunk.index, "rows": len(rows), "p": ticket.p}})
         return ticket
     except BaseException:
         hold.abandon(ticket)
