@@ -299,10 +299,14 @@ class Merger:
                     *(s.buf for s in self._retired)]
             # Merge in steps of at most _CHUNK items per buffer, so a large backlog is sorted
             # while its items are still in the CPU cache rather than in one giant sort.
+            # ... and of at most the items still wanted from each: a small limit must not move
+            # a large backlog out of the sources' buffers (their size is the readers'
+            # back-pressure; what is staged here is not counted there).
+            cap = _CHUNK if limit is None else min(_CHUNK, limit - len(out))
             step = bound
             for buf in bufs:
-                if len(buf) > _CHUNK and buf[_CHUNK][0] < step:
-                    step = buf[_CHUNK][0]
+                if len(buf) > cap and buf[cap][0] < step:
+                    step = buf[cap][0]
             chunks = [head for buf in bufs if (head := _cut(buf, step))]
             if not chunks:
                 break

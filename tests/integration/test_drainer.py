@@ -125,6 +125,46 @@ def test_delayed_pump_holds_the_merge_then_order_is_exact(cluster: Cluster, reti
     w.close()
 
 
+def test_a_slow_sink_holds_the_pump_readers_back(cluster: Cluster, retired: list[str]) -> None:
+    """Bounded queues: a reader takes a pump's next response only while the merge holds fewer
+    than `reader-queue` of that pump's transactions, so a slow sink throttles the pump stream
+    (at most one response beyond the bound is held) instead of growing the drainer's memory;
+    everything still lands exactly once, in order."""
+    from sluice.core.rowcodec import python_to_datum
+    from sluice.pump.service import PULL_MESSAGE_BYTES
+    t0 = fresh_ts(cluster)
+    w = writer_for(cluster, "bp", tables=1, seed=9)
+    t = w.tables[0]
+    w.declare("pump-1")
+    big = "x" * 4000   # ~4 KB per transaction: a full 2 MiB response holds ~500 of them
+    values = [pb.PrewriteValue(schema_version=1, mutations=[pb.TableMutation(
+        table_id=t.table_id, schema_name=t.schema_name, table_name=t.table_name, table_version=1,
+        changes=[pb.RowChange(tp=pb.INSERT, after=pb.Row(columns=[
+            python_to_datum(i), python_to_datum(big)]))])]) for i in range(6000)]
+    acked = w.write_values(values, ["pump-1"], group=250)
+    retired.append("d-bp")
+    queue = 100
+    d = cluster.start_drainer("d-bp", env={"SLUICE_FAILPOINTS": "drainer-after-apply=sleep(100)"},
+                              **{"initial-commit-ts": t0, "reader-queue": queue, "txn-batch": 50})
+    last = max(a.commit_ts for a in acked)
+    peak, deadline = 0.0, time.monotonic() + 3
+    while time.monotonic() < deadline:
+        peak = max(peak, d.metric('sluice_drainer_pump_pending_txns{pump="pump-1"}'))
+        time.sleep(0.02)
+    per_response = PULL_MESSAGE_BYTES // 4000 + 1
+    assert 0 < peak <= queue + per_response, peak
+    # Three seconds in, the reader is still far from the end of what the pump holds.
+    assert d.metric('sluice_drainer_pump_watermark{pump="pump-1"}') < last
+    want = sorted(a.commit_ts for a in acked)
+
+    def landed() -> list[int]:
+        return [x["commit_ts"] for x in read_file_sink(d.out_dir) if x["rows"]]
+    wait_until(lambda: len(landed()) >= len(want), 60, 0.2,
+               what="the slow drainer to apply every transaction")
+    assert landed() == want
+    w.close()
+
+
 def test_failover_copies_of_one_start_ts_are_emitted_once(cluster: Cluster, retired: list[str]) -> None:
     """One transaction, one commit_ts: a later copy of an emitted start_ts (failover copy on
     another pump) is dropped."""
