@@ -58,7 +58,11 @@ class Layout:
         return q(self.meta, COMMITS)
 
     def raw(self, table_id: int) -> str:
-        return q(self.meta, f"t{table_id}_raw")
+        return q(self.meta, self.raw_name(table_id))
+
+    def raw_name(self, table_id: int) -> str:
+        """The raw table's name in the meta database (unquoted)."""
+        return f"t{table_id}_raw"
 
     def base(self, table_id: int) -> str:
         return q(self.meta, f"t{table_id}_base")

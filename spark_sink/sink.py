@@ -29,6 +29,7 @@ from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_con
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import parquet
+from sluice.spark_sink.catalog import PartitionAdder
 from sluice.spark_sink import tables as T
 from sluice.spark_sink.commit import CommitRecord, Committer, Fenced
 from sluice.spark_sink.config import SparkSinkConfig
@@ -84,6 +85,7 @@ class SparkSink(Sink):
         self._pending: concurrent.futures.Future[list[int]] | None = None
         self._committer_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._on_commit: Callable[[], None] | None = None
+        self._partitions: PartitionAdder | None = None
         self._since_compact: dict[int, int] = {}
         self.skipped = 0
         # Seconds spent per commit step since open (convert, files, partitions, commit) and in
@@ -484,6 +486,8 @@ class SparkSink(Sink):
         """Compact one table, merge its small files (when configured) and empty the trash of
         what was replaced more than gc-grace ago. Call between batches (the sink's thread)."""
         from sluice.spark_sink.compaction import compact, empty_trash, merge_small_files
+        if self._partitions is not None:
+            self._partitions.forget()
         st = self._states[table_id] = compact(self, self._states[table_id])
         if self.cfg.merge_small_files:
             st = self._states[table_id] = merge_small_files(self, st)
@@ -491,6 +495,8 @@ class SparkSink(Sink):
         return st
 
     def _persist_state(self, st: T.TableState) -> None:
+        if self._partitions is not None:
+            self._partitions.forget()
         spark, raw, base = self._spark, self.layout.raw(st.table_id), self.layout.base(st.table_id)
         assert self.files is not None
         self.files.mkdirs(self.layout.raw_table_dir(st.table_id))
@@ -574,9 +580,11 @@ class SparkSink(Sink):
         del converted
         t2 = time.monotonic()
         failpoint.inject("spark-after-files")
+        if self._partitions is None:
+            self._partitions = PartitionAdder(spark)
         for i, tid in enumerate(tables):
-            spark.sql(f"ALTER TABLE {layout.raw(tid)} ADD IF NOT EXISTS PARTITION "
-                      f"(`_batch`={batch}, `_epoch`={epoch}) LOCATION '{layout.raw_dir(tid, epoch, batch)}'")
+            self._partitions.add(layout.meta, layout.raw_name(tid), {"_batch": batch, "_epoch": epoch},
+                                 layout.raw_dir(tid, epoch, batch))
             if i == 0:
                 failpoint.inject("spark-after-some-partitions")
         prev = self._last

@@ -266,3 +266,37 @@ def test_truncate_rename_drop_create_effects(spark_env: SparkEnv) -> None:
     run(drive(sink2, [ddl_txn(next(ts), v3.create_ddl("CREATE TABLE orders2 ...")), ins(v3, 9, "x")], schema))
     assert [tuple(r) for r in env.rows("SELECT id, amt FROM dl_ddl.orders2")] == [(9, "x")]
     assert env.spark.table("dl_ddl.orders2").schema["amt"].dataType.simpleString() == "string"
+
+
+def test_partitions_registered_through_the_session_catalog_equal_the_sql_statements(
+        spark_env: SparkEnv, tmp_path: Any) -> None:
+    """The sink registers raw partitions on Spark's session catalog (spark_sink.catalog): the
+    partition, its location and the rows read through it are what `ALTER TABLE ... ADD IF NOT
+    EXISTS PARTITION ... LOCATION` gives, and adding it again is a no-op."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sluice.spark_sink.catalog import PartitionAdder
+    env = spark_env
+    env.spark.sql("CREATE DATABASE IF NOT EXISTS pa_meta")
+    env.spark.sql(f"CREATE TABLE pa_meta.t (a BIGINT, _batch BIGINT, _epoch BIGINT) USING parquet "
+                  f"PARTITIONED BY (_batch, _epoch) LOCATION '{tmp_path / 't'}'")
+    for b in (1, 2):
+        (tmp_path / f"b{b}").mkdir()
+        pq.write_table(pa.table({"a": [b * 10, b * 10 + 1]}), tmp_path / f"b{b}" / "f.parquet")
+    direct = PartitionAdder(env.spark)
+    direct.add("pa_meta", "t", {"_batch": 1, "_epoch": 7}, str(tmp_path / "b1"))
+    direct.add("pa_meta", "t", {"_batch": 1, "_epoch": 7}, str(tmp_path / "b1"))   # exists: no-op
+    assert direct._direct, "the session-catalog path fell back to SQL"
+    by_sql = PartitionAdder(env.spark)
+    by_sql._direct = False
+    by_sql.add("pa_meta", "t", {"_batch": 2, "_epoch": 7}, str(tmp_path / "b2"))
+    assert [r[0] for r in env.rows("SHOW PARTITIONS pa_meta.t")] == ["_batch=1/_epoch=7",
+                                                                    "_batch=2/_epoch=7"]
+    locations = {}
+    for b in (1, 2):
+        rows = env.rows(f"DESCRIBE FORMATTED pa_meta.t PARTITION (_batch={b}, _epoch=7)")
+        locations[b] = next(r[1] for r in rows if r[0] == "Location")
+    assert locations[1] == locations[2].replace("/b2", "/b1")
+    assert sorted(tuple(r) for r in env.rows("SELECT a, _batch FROM pa_meta.t")) == [
+        (10, 1), (11, 1), (20, 2), (21, 2)]
