@@ -9,8 +9,9 @@ record's commit_ts with (batch, epoch) in sink_state.
 Batches: `batch-rows` buffered rows or `batch-interval` seconds, and every flush(). A full
 batch commits in the background while apply() buffers the next one (at most one commit in
 flight, commits in batch order); flush() returns once everything applied is committed, and a
-commit's error is raised by the next apply() or flush(). A primary-key change (and any update of a keyless table) lands as a delete of the old image plus a
-create of the new one, `_seq` 2i and 2i+1 for the transaction's i-th row change.
+commit's error is raised by the next apply() or flush(). A primary-key change (and any update
+of a keyless table) lands as a delete of the old image plus a create of the new one, `_seq` 2i
+and 2i+1 for the transaction's i-th row change.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_con
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import parquet
-from sluice.spark_sink.catalog import PartitionAdder
 from sluice.spark_sink import tables as T
+from sluice.spark_sink.catalog import PartitionAdder
 from sluice.spark_sink.commit import CommitRecord, Committer, Fenced
 from sluice.spark_sink.config import SparkSinkConfig
 from sluice.spark_sink.layout import Files, Layout, q, sql_str
