@@ -2,6 +2,11 @@
 
 The session uses the same metastore settings as the sink (`--config` with the drainer's `[to]`
 table, or `--metastore host:port`), so it reads exactly what the sink committed.
+
+`--as-of COMMIT_TS` (time travel): every table of the sink's meta database becomes a temporary
+view of its state as of that commit_ts, named as the table (`accounts`) and as
+`<database>_<table>` (`shop_accounts`, unambiguous across source schemas), read from the full
+changelog (base versions and merged files included) — slower than the current-state views.
 """
 from __future__ import annotations
 
@@ -27,19 +32,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master", help="Spark master (default local[*])")
     p.add_argument("--json", action="store_true", help="print one JSON object per row")
     p.add_argument("--limit", type=int, default=1000, help="rows to print at most (default 1000)")
+    p.add_argument("--as-of", type=int, metavar="COMMIT_TS",
+                   help="query the tables as of this commit_ts: temporary views named as the "
+                   "tables (and <database>_<table>) hold their state at that point")
+    p.add_argument("--meta-database", help="the sink's meta database, for --as-of (default: the "
+                   "config's meta-database, else 'sluice')")
+
+
+def _to_table(args: argparse.Namespace) -> dict[str, Any]:
+    """The drainer config's [to] table (empty without --config)."""
+    if not args.config:
+        return {}
+    try:
+        with open(args.config, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{args.config}: config file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{args.config}: invalid TOML: {e}") from None
+    return dict(doc.get("to", doc))
 
 
 def _session_config(args: argparse.Namespace) -> SessionConfig:
     data: dict[str, Any] = {}
     if args.config:
-        try:
-            with open(args.config, "rb") as f:
-                doc = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"{args.config}: config file not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{args.config}: invalid TOML: {e}") from None
-        to = doc.get("to", doc)
+        to = _to_table(args)
         fields = {_config.field_key(f) for f in SessionConfig.__dataclass_fields__}
         data = {k: v for k, v in to.items() if k in fields}
     if args.metastore:
@@ -75,12 +92,46 @@ def render_table(columns: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(out)
 
 
+def register_as_of(spark: Any, meta_db: str, commit_ts: int) -> list[str]:
+    """Temporary views of every (not dropped) table of the sink in meta_db as of commit_ts;
+    returns their names."""
+    from sluice.spark_sink.layout import Layout, q
+    from sluice.spark_sink.tables import TableState, as_of_sql
+    if commit_ts < 0:
+        raise InvalidArgument(f"--as-of must be a commit_ts >= 0, got {commit_ts}")
+    layout = Layout("/", meta_db, "{schema}", "")
+    if not spark.catalog.databaseExists(layout.meta):
+        raise InvalidArgument(f"--as-of: no meta database {meta_db!r} (the sink's "
+                              "`meta-database`; give --meta-database or --config)")
+    states = []
+    for t in spark.catalog.listTables(layout.meta):
+        if not t.name.endswith("_raw"):
+            continue
+        rows = spark.sql(f"SHOW TBLPROPERTIES {q(layout.meta, t.name)} ('sluice.state')").collect()
+        text = rows[0][1] if rows else ""
+        if text and "does not have property" not in text:
+            st = TableState.from_json(text)
+            if not st.dropped:
+                states.append(st)
+    names: list[str] = []
+    tables = [st.table for st in states]
+    for st in states:
+        text = as_of_sql(st, layout, commit_ts)
+        for name in ([st.table] if tables.count(st.table) == 1 else []) + [f"{st.db}_{st.table}"]:
+            spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {q(name)} AS {text}")
+            names.append(name)
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     if args.limit <= 0:
         raise InvalidArgument("--limit must be positive")
     from sluice.spark_sink.session import session
     spark = session(_session_config(args))
     try:
+        if args.as_of is not None:
+            meta = args.meta_database or _to_table(args).get("meta-database") or "sluice"
+            register_as_of(spark, meta, args.as_of)
         df = None
         for stmt in args.sql:
             df = spark.sql(stmt)

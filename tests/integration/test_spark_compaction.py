@@ -175,5 +175,12 @@ def test_readers_in_other_jvms_never_see_a_torn_or_missing_table(spark_env: Spar
     # "As of" reads the merged changelog too.
     as_of = T.as_of_sql(st, sink.layout, T0 + 1 + PER_BATCH)
     assert env.rows(f"SELECT count(*), sum(qty) FROM ({as_of}) a")[0] == tuple(view_at[PER_BATCH])
+    # ... and so does `sluice spark-sql --as-of` (time travel from a second JVM).
+    r = subprocess.run(spark_sql_argv(env.derby.address, "SELECT count(*) AS n, sum(qty) AS s FROM items")
+                       + ["--as-of", str(T0 + 1 + PER_BATCH), "--meta-database", "m_cx"],
+                       cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert [(g["n"], g["s"]) for g in got] == [tuple(view_at[PER_BATCH])]
     run(sink.close())
 
