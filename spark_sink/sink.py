@@ -534,19 +534,15 @@ class SparkSink(Sink):
         of their versions moved or was dropped: the common case)."""
         rows = buf.rows[table_id]
         width = len(st.physical)
-        index_of = {ver: T.phys_index(st, info) for (tid, ver), info in buf.infos.items()
-                    if tid == table_id}
-        if all(idx == list(range(width)) for idx in index_of.values()):
+        identity = list(range(width))
+        moved = {ver: idx for (tid, ver), info in buf.infos.items()
+                 if tid == table_id and (idx := T.phys_index(st, info)) != identity}
+        if not moved:
             return rows
         meta = len(T.META_COLUMNS)
-        out = []
-        for r in rows:
-            idx = index_of[r[3]]
-            if idx == list(range(width)):
-                out.append(r)
-            else:
-                out.append(T.physical_row(r[:meta], list(r[meta:]), idx, width))
-        return out
+        ver_at = [name for name, _ in T.META_COLUMNS].index("_schema_ver")
+        return [r if (idx := moved.get(r[ver_at])) is None
+                else T.physical_row(r[:meta], list(r[meta:]), idx, width) for r in rows]
 
     def _write_table_files(self, st: T.TableState, rows: list[tuple[Any, ...]], batch: int) -> None:
         path = self.layout.raw_dir(st.table_id, self._epoch, batch)
