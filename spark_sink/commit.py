@@ -23,14 +23,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sluice.core import failpoint
-from sluice.core.errors import SluiceError, StaleEpoch
-from sluice.spark_sink.layout import Files, Layout, q
+from sluice.core.errors import FailedPrecondition, SluiceError, StaleEpoch
+from sluice.spark_sink.catalog import PartitionAdder, PartitionExists
+from sluice.spark_sink.layout import COMMITS, Files, Layout, q, sql_str
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
+OWNER_PROPERTY = "sluice.owner"
 _PART = re.compile(r"_batch=(\d+)/_epoch=(\d+)")
 _DIR = re.compile(r"^([eb])(\d+)$")
 
@@ -41,6 +43,10 @@ class Fenced(StaleEpoch):
 
 class CommitConflict(SluiceError):
     """Batch B was committed by another writer of the same epoch (two sinks on one epoch)."""
+
+
+class OwnedByAnother(FailedPrecondition):
+    """The Spark tables belong to another drainer name (epochs are counted per name)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,17 +75,38 @@ COMMITS_COLUMNS = ("commit_ts BIGINT, epoch BIGINT, positions STRING, schema_ver
 
 
 class Committer:
-    def __init__(self, spark: SparkSession, layout: Layout, files: Files) -> None:
+    def __init__(self, spark: SparkSession, layout: Layout, files: Files,
+                 partitions: PartitionAdder | None = None) -> None:
         self.spark, self.layout, self.files = spark, layout, files
+        self.partitions = partitions or PartitionAdder(spark)
 
     def sql(self, text: str) -> Any:
         return self.spark.sql(text)
 
-    def ensure_catalog(self) -> None:
+    def ensure_catalog(self, owner: str = "") -> None:
         self.sql(f"CREATE DATABASE IF NOT EXISTS {q(self.layout.meta)}")
         self.files.mkdirs(self.layout.commits_dir())
         self.sql(f"CREATE TABLE IF NOT EXISTS {self.layout.commits()} ({COMMITS_COLUMNS}) "
                  f"USING json PARTITIONED BY (batch) LOCATION '{self.layout.commits_dir()}'")
+        if owner:
+            self._claim(owner)
+
+    def _claim(self, owner: str) -> None:
+        """The tables' owner is the first drainer name that opened them. Epochs are counted per
+        drainer name, so a second name's writer could share an epoch with the owner's and
+        overwrite its uncommitted-looking files and records (one epoch, one writer is what the
+        commit protocol assumes): refused before anything is written."""
+        props = {r[0]: r[1] for r in self.sql(
+            f"SHOW TBLPROPERTIES {self.layout.commits()}").collect()}
+        have = props.get(OWNER_PROPERTY)
+        if have is None:
+            self.sql(f"ALTER TABLE {self.layout.commits()} SET TBLPROPERTIES "
+                     f"('{OWNER_PROPERTY}' = {sql_str(owner)})")
+        elif have != owner:
+            raise OwnedByAnother(
+                f"spark sink: the tables of meta database {self.layout.meta!r} under "
+                f"{self.layout.root} belong to drainer {have!r}, not {owner!r}: give each drainer "
+                "its own root and meta-database (or run this one under the owner's name)")
 
     def read(self) -> list[CommitRecord]:
         """Every commit record, by batch."""
@@ -99,14 +126,12 @@ class Committer:
         self.files.write_bytes(f"{d}/record.json", rec.to_json().encode())
         failpoint.inject("spark-before-commit")
         try:
-            self.sql(f"ALTER TABLE {self.layout.commits()} ADD PARTITION (batch={rec.batch}) "
-                     f"LOCATION '{d}'")
-        except Exception as e:  # noqa: BLE001 - the metastore's answer decides
-            if "PARTITIONS_ALREADY_EXIST" in str(e) or "AlreadyExists" in str(e):
-                # Our record directory stays (it may be the winner's when two writers share an
-                # epoch); recovery removes it when it belongs to no commit.
-                return False
-            raise
+            self.partitions.add(self.layout.meta, COMMITS, {"batch": rec.batch}, d,
+                                if_not_exists=False)
+        except PartitionExists:
+            # Our record directory stays (it may be the winner's when two writers share an
+            # epoch); recovery removes it when it belongs to no commit.
+            return False
         failpoint.inject("spark-after-commit")
         return True
 
@@ -123,9 +148,10 @@ class Committer:
                              f"{winner.epoch if winner else '?'}), this writer has epoch "
                              f"{rec.epoch}: two drainers share one epoch")
 
-    def open(self, epoch: int) -> CommitRecord | None:
-        """Fence (when epoch is new), then recover; returns the last committed record."""
-        self.ensure_catalog()
+    def open(self, epoch: int, owner: str = "") -> CommitRecord | None:
+        """Claim (owner), fence (when epoch is new), then recover; returns the last committed
+        record."""
+        self.ensure_catalog(owner)
         while True:
             records = self.read()
             last = records[-1] if records else None

@@ -64,8 +64,9 @@ class SparkSink(Sink):
     commits_in_background = True
 
     def __init__(self, options: SparkSinkConfig, schema: SchemaLookup, source_name: str = "sluice",
-                 epoch: int = 0, spark: Any = None) -> None:
+                 epoch: int = 0, spark: Any = None, owner: str = "") -> None:
         self.cfg = options
+        self._owner = owner   # the drainer's name: the tables' owner (commit.Committer._claim)
         self._schema = schema
         self._epoch = int(epoch or 0)
         self._spark = spark
@@ -100,7 +101,7 @@ class SparkSink(Sink):
         if schema is None:
             raise InvalidArgument("spark sink needs the drainer's schema lookup (context 'schema')")
         return cls(cfg, schema, context.get("source_name") or "sluice", context.get("epoch") or 0,
-                   context.get("spark"))
+                   context.get("spark"), context.get("drainer_name") or "")
 
     @classmethod
     def prewarm(cls, options: Any) -> None:
@@ -127,8 +128,9 @@ class SparkSink(Sink):
             from sluice.spark_sink.session import session
             self._spark = session(self.cfg)
         self.files = Files(self._spark)
-        self.committer = Committer(self._spark, self.layout, self.files)
-        self._last = self.committer.open(self._epoch)
+        self._partitions = PartitionAdder(self._spark)
+        self.committer = Committer(self._spark, self.layout, self.files, self._partitions)
+        self._last = self.committer.open(self._epoch, self._owner)
         self._states = self._load_states()
         for tid, st in self._states.items():
             self._write_views(st)
@@ -577,8 +579,7 @@ class SparkSink(Sink):
         del converted
         t2 = time.monotonic()
         failpoint.inject("spark-after-files")
-        if self._partitions is None:
-            self._partitions = PartitionAdder(spark)
+        assert self._partitions is not None
         for i, tid in enumerate(tables):
             self._partitions.add(layout.meta, layout.raw_name(tid), {"_batch": batch, "_epoch": epoch},
                                  layout.raw_dir(tid, epoch, batch))

@@ -268,15 +268,17 @@ def test_truncate_rename_drop_create_effects(spark_env: SparkEnv) -> None:
     assert env.spark.table("dl_ddl.orders2").schema["amt"].dataType.simpleString() == "string"
 
 
-def test_partitions_registered_through_the_session_catalog_equal_the_sql_statements(
+def test_partitions_registered_on_the_metastore_client_equal_the_sql_statements(
         spark_env: SparkEnv, tmp_path: Any) -> None:
-    """The sink registers raw partitions on Spark's session catalog (spark_sink.catalog): the
-    partition, its location and the rows read through it are what `ALTER TABLE ... ADD IF NOT
-    EXISTS PARTITION ... LOCATION` gives, and adding it again is a no-op."""
+    """The sink registers partitions on the Hive metastore client (spark_sink.catalog): the
+    partition, its qualified location, its storage and the rows read through it are what
+    `ALTER TABLE ... ADD IF NOT EXISTS PARTITION ... LOCATION` gives; adding it again is a no-op,
+    and without IF NOT EXISTS it is PartitionExists (the commit point), on both paths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sluice.spark_sink.catalog import PartitionAdder
+    from sluice.core.errors import SluiceError
+    from sluice.spark_sink.catalog import PartitionAdder, PartitionExists
     env = spark_env
     env.spark.sql("CREATE DATABASE IF NOT EXISTS pa_meta")
     env.spark.sql(f"CREATE TABLE pa_meta.t (a BIGINT, _batch BIGINT, _epoch BIGINT) USING parquet "
@@ -285,18 +287,60 @@ def test_partitions_registered_through_the_session_catalog_equal_the_sql_stateme
         (tmp_path / f"b{b}").mkdir()
         pq.write_table(pa.table({"a": [b * 10, b * 10 + 1]}), tmp_path / f"b{b}" / "f.parquet")
     direct = PartitionAdder(env.spark)
-    direct.add("pa_meta", "t", {"_batch": 1, "_epoch": 7}, str(tmp_path / "b1"))
+    # the spec's order is not the table's: the values go by name
+    direct.add("pa_meta", "t", {"_epoch": 7, "_batch": 1}, str(tmp_path / "b1"))
     direct.add("pa_meta", "t", {"_batch": 1, "_epoch": 7}, str(tmp_path / "b1"))   # exists: no-op
-    assert direct._direct, "the session-catalog path fell back to SQL"
+    with pytest.raises(PartitionExists):
+        direct.add("pa_meta", "t", {"_batch": 1, "_epoch": 7}, str(tmp_path / "b1"),
+                   if_not_exists=False)
+    with pytest.raises(SluiceError, match="partition columns"):
+        direct.add("pa_meta", "t", {"_batch": 3}, str(tmp_path / "b3"))
+    assert direct._direct, "the metastore-client path fell back to SQL"
     by_sql = PartitionAdder(env.spark)
     by_sql._direct = False
     by_sql.add("pa_meta", "t", {"_batch": 2, "_epoch": 7}, str(tmp_path / "b2"))
+    with pytest.raises(PartitionExists):
+        by_sql.add("pa_meta", "t", {"_batch": 2, "_epoch": 7}, str(tmp_path / "b2"),
+                   if_not_exists=False)
     assert [r[0] for r in env.rows("SHOW PARTITIONS pa_meta.t")] == ["_batch=1/_epoch=7",
                                                                     "_batch=2/_epoch=7"]
-    locations = {}
+    described = {}
     for b in (1, 2):
         rows = env.rows(f"DESCRIBE FORMATTED pa_meta.t PARTITION (_batch={b}, _epoch=7)")
-        locations[b] = next(r[1] for r in rows if r[0] == "Location")
-    assert locations[1] == locations[2].replace("/b2", "/b1")
+        described[b] = [(r[0], r[1]) for r in rows
+                        if r[0] not in ("Created Time", "Last Access", "Partition Values",
+                                        "Partition Parameters", "Partition Statistics")]
+    assert ("Location", f"file:{tmp_path / 'b1'}") in described[1]
+    assert [(k, v.replace("/b1", "/b2")) for k, v in described[1]] == described[2]
     assert sorted(tuple(r) for r in env.rows("SELECT a, _batch FROM pa_meta.t")) == [
         (10, 1), (11, 1), (20, 2), (21, 2)]
+
+
+def test_commit_point_admits_one_writer_per_batch(spark_env: SparkEnv, tmp_path: Any) -> None:
+    """The commit point is the metastore's refusal of an existing `_sluice_commits` partition:
+    batch B commits once; a writer of an older epoch is Fenced without changing the committed
+    record, a second writer of the same epoch gets CommitConflict. The tables belong to the
+    first drainer name that opened them (epochs are counted per name, so another name could
+    share an epoch): another name is refused before it writes anything."""
+    from sluice.spark_sink.commit import CommitConflict, CommitRecord, Committer, OwnedByAnother
+    from sluice.spark_sink.layout import Files, Layout
+    env = spark_env
+    layout = Layout(str(tmp_path / "root"), "cp_meta", "cp_{schema}", "src")
+    files = Files(env.spark)
+    first = Committer(env.spark, layout, files)
+    assert first.open(2, owner="drainer-a") is None
+    first.commit(CommitRecord(batch=1, epoch=2, commit_ts=10, positions={"p": "a"},
+                              schema_versions={}))
+    second = Committer(env.spark, layout, files)
+    with pytest.raises(Fenced, match="committed by epoch 2"):
+        second.commit(CommitRecord(batch=1, epoch=1, commit_ts=12, positions={},
+                                   schema_versions={}))
+    assert [(r.batch, r.epoch, r.commit_ts, r.positions) for r in second.read()] == [
+        (1, 2, 10, {"p": "a"})]
+    with pytest.raises(CommitConflict, match="batch 1 is already committed"):
+        second.commit(CommitRecord(batch=1, epoch=2, commit_ts=11, positions={},
+                                   schema_versions={}))
+    with pytest.raises(OwnedByAnother, match="belong to drainer 'drainer-a', not 'drainer-b'"):
+        Committer(env.spark, layout, files).open(3, owner="drainer-b")
+    assert [r.batch for r in first.read()] == [1]   # no fence batch from the refused one
+    assert Committer(env.spark, layout, files).open(3, owner="drainer-a") is not None
