@@ -45,7 +45,7 @@ from tests.support.mariadb import MariaDBServer
 from tests.support.matrix import (EXIT_FENCED, MYSQL, PUMPS, SCHEMA, SPARK, SPARK_START_S, TABLES,
                                   Matrix, changelog_keys, duplicates, seed_from_env, spark_rows)
 from tests.support.procs import free_port, wait_until
-from tests.support.spark import session_config
+from tests.support.spark import release_metastore_thread, session_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.mariadb]
 
@@ -87,7 +87,9 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, etcd_module,  # type: ignor
             m.stop()
         for f in sessions:
             try:
-                f.result(timeout=120).stop()
+                spark = f.result(timeout=120)
+                release_metastore_thread(spark)
+                spark.stop()
             except Exception:  # noqa: BLE001 - teardown continues
                 pass
         pool.shutdown(wait=False)

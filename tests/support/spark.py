@@ -96,8 +96,29 @@ def spark_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEnv]:
         yield SparkEnv(derby, spark, work, cfg)
     finally:
         if spark is not None:
+            release_metastore_thread(spark)
             spark.stop()
         derby.stop()
+
+
+def release_metastore_thread(spark: Any) -> None:
+    """Forget this thread's Hive metastore state. HMSHandler keeps a store and a configuration
+    per JVM thread (static thread-locals), from the first metastore the thread talked to; a
+    later session on another Derby, created in another thread, would reach this thread's stale
+    configuration and even re-point the JVM-wide DataNucleus factory at the stopped server
+    ("Connection refused" from the first statement this thread runs on the new session) —
+    measured: test_spark_crash then test_matrix in one pytest process."""
+    jvm = spark._jvm
+    handler = jvm.org.apache.hadoop.hive.metastore.HiveMetaStore.HMSHandler
+    store = handler.getRawStore()
+    if store is not None:
+        store.shutdown()
+    handler.removeRawStore()
+    field = jvm.java.lang.Class.forName(
+        "org.apache.hadoop.hive.metastore.HiveMetaStore$HMSHandler").getDeclaredField(
+        "threadLocalConf")
+    field.setAccessible(True)
+    field.get(None).remove()
 
 
 def run(coro: Any) -> Any:
