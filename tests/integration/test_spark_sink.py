@@ -344,3 +344,29 @@ def test_commit_point_admits_one_writer_per_batch(spark_env: SparkEnv, tmp_path:
         Committer(env.spark, layout, files).open(3, owner="drainer-b")
     assert [r.batch for r in first.read()] == [1]   # no fence batch from the refused one
     assert Committer(env.spark, layout, files).open(3, owner="drainer-a") is not None
+
+
+def test_a_drainer_of_another_name_is_refused_by_the_sink_before_it_writes(
+        spark_env: SparkEnv) -> None:
+    """Through the sink as the drainer loads it (`drainer_name` in the context): the first
+    name owns the tables; another name's open() fails with OwnedByAnother and commits nothing."""
+    from sluice.drainer.sink import load_sink
+    from sluice.spark_sink.commit import OwnedByAnother
+    env = spark_env
+    w = RandomWorkload(seed=5, schema="own", keys=20, max_rows=2, keyless=False)
+    txns = w.transactions(40, T0)
+    schema = SchemaHistory()
+    cfg = env.sink_config("own")
+    owner = load_sink("spark", cfg, schema=schema, source_name="src", epoch=1, spark=env.spark,
+                      drainer_name="d-owner")
+    run(owner.open(Checkpoint(0)))
+    run(drive(owner, txns, schema))
+    before = owner.checkpoint()
+    other = load_sink("spark", cfg, schema=SchemaHistory(), source_name="src", epoch=1,
+                      spark=env.spark, drainer_name="d-other")
+    with pytest.raises(OwnedByAnother, match="belong to drainer 'd-owner', not 'd-other'"):
+        run(other.open(Checkpoint(0)))
+    again = load_sink("spark", cfg, schema=SchemaHistory(), source_name="src", epoch=2,
+                      spark=env.spark, drainer_name="d-owner")
+    run(again.open(Checkpoint(0)))
+    assert again.checkpoint().commit_ts == before.commit_ts == txns[-1].commit_ts
