@@ -7,7 +7,7 @@ it once more itself: measured on Derby, 156 JDBC statements per partition, every
 trip to the metastore server. Under load those round trips are what a batch waits for (a batch
 registers one raw partition per table it touches, then its commit point). Here the partition is
 built from the table's own storage descriptor (fetched once per table) and handed to the Hive
-metastore client Spark's catalog wraps: 27–40 statements and five py4j calls. The session's
+metastore client Spark's catalog wraps: 35–40 statements and five py4j calls. The session's
 cached relation of the table is invalidated after, as the SQL command does.
 
 Invariant: the result is the SQL statement's — the partition's values, qualified location and
@@ -37,6 +37,10 @@ def _already_exists(e: BaseException) -> bool:
     return "AlreadyExists" in text or "PARTITIONS_ALREADY_EXIST" in text
 
 
+def _exists(db: str, table: str, spec: dict[str, int]) -> PartitionExists:
+    return PartitionExists(f"partition {spec} of {db}.{table} exists")
+
+
 class PartitionAdder:
     """`add(db, table, spec, location, if_not_exists=True)`: ADD PARTITION, on one session.
 
@@ -60,7 +64,7 @@ class PartitionAdder:
             except Py4JJavaError as e:
                 # The metastore's own answer: the SQL statement would meet it too.
                 if _already_exists(e):
-                    raise PartitionExists(f"partition {spec} of {db}.{table} exists") from e
+                    raise _exists(db, table, spec) from e
                 raise
             except (Py4JError, TypeError, AttributeError) as e:
                 # A method or class of another shape (a JavaPackage is not callable): fall back.
@@ -74,7 +78,7 @@ class PartitionAdder:
                             f"LOCATION '{location}'")
         except Exception as e:  # noqa: BLE001 - only the refusal of an existing one is ours
             if not if_not_exists and _already_exists(e):
-                raise PartitionExists(f"partition {spec} of {db}.{table} exists") from e
+                raise _exists(db, table, spec) from e
             raise
 
     def forget(self) -> None:
