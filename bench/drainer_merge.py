@@ -19,10 +19,13 @@ binlogs (prewrite + commit per transaction, commit_ts interleaved across pumps),
 - baseline: one client reads the 3 pumps' PullBinlogs streams concurrently (3 threads), no merge;
 - ours: `sluice drainer` with the grpc sink merges the same streams and one consumer reads its
   Drainer.PullBinlogs, from the drainer's "online" log line to the last binlog received.
+- relay (`--relay-floor`): bench/relay_floor.py reads the same streams as the drainer does and
+  forwards each response unmerged: the cost of a Python process in the path before any
+  per-transaction work (the floor a drainer can approach), from the consumer's pull.
 Both read the same data in the same invocation; wall-clock binlogs/s, median of --real-repeat.
 
 Run: .venv/bin/python bench/drainer_merge.py [--sources 5] [--per-source 200000] [--batch 1000]
-     [--real] [--binlogs 300000] [--real-repeat 3] [--skip-in-process]
+     [--real] [--binlogs 300000] [--real-repeat 3] [--skip-in-process] [--relay-floor]
 """
 from __future__ import annotations
 
@@ -200,6 +203,7 @@ def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: 
 
     from sluice.core import grpcutil
     from sluice.proto import sluice_pb2_grpc as pbg
+    from tests.support.procs import port_open
     import psutil
     cpu0 = pump_cpu(cluster)
     # The consumer connects as soon as the drainer serves (not after a poll of its online
@@ -208,13 +212,16 @@ def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: 
     d = cluster.start_drainer(name, sink="grpc", wait_online=False, **{
         "initial-commit-ts": after, "to.consumers": ["bench"], "checkpoint-interval": 1.0})
     dproc = psutil.Process(d.proc.pid)
-    # The channel is made before the drainer listens: with the default reconnect backoff (100 ms
-    # growing 1.6x) its first connection came 95-320 ms after the drainer served. A consumer of
-    # a running drainer connects at once; so does this one, retrying every few ms.
-    options = dict(grpcutil.CHANNEL_OPTIONS)
-    options.update({"grpc.initial_reconnect_backoff_ms": 5, "grpc.min_reconnect_backoff_ms": 5,
-                    "grpc.max_reconnect_backoff_ms": 10})
-    ch = grpc.insecure_channel(d.addr, options=list(options.items()))
+    # A channel made before the drainer listens connects only after grpc's reconnect backoff
+    # (measured: 95-320 ms after the drainer served, even with a 5 ms backoff asked). A consumer
+    # of a running drainer connects at once; so does this one: the channel is made once the
+    # port is open (the drainer listens before it registers online).
+    host, port = d.addr.rsplit(":", 1)
+    while not port_open(int(port), host):
+        if not d.proc.alive():
+            raise RuntimeError(f"drainer exited: {d.proc.log_text()[-2000:]}")
+        time.sleep(0.002)
+    ch = grpc.insecure_channel(d.addr, options=grpcutil.CHANNEL_OPTIONS)
     n = 0
     deadline = time.monotonic() + 120
     while True:
@@ -256,7 +263,46 @@ def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: 
     return total / (t_end - started)
 
 
-def real_path(binlogs: int, repeat: int) -> None:
+def read_relay(cluster, after: int, total: int) -> float:  # type: ignore[no-untyped-def]
+    """The floor: bench/relay_floor.py forwards the pumps' responses unmerged; binlogs/s from
+    the consumer's pull (the relay opens its pump streams then) to the last binlog."""
+    import grpc
+    import psutil
+
+    from sluice.core import grpcutil
+    from sluice.proto import sluice_pb2_grpc as pbg
+    from tests.support.procs import Proc, free_port, port_open, wait_until
+    addr = f"127.0.0.1:{free_port()}"
+    argv = [sys.executable, str(Path(__file__).with_name("relay_floor.py")), "--listen", addr,
+            "--cluster-id", str(cluster.cluster_id), "--after", str(after)]
+    for p in sorted(cluster.pumps):
+        argv += ["--pump", cluster.pumps[p].addr]
+    proc = Proc("relay-floor", argv, cluster.workdir / "relay-floor.log").start()
+    try:
+        host, port = addr.rsplit(":", 1)
+        wait_until(lambda: port_open(int(port), host), timeout=30)
+        rproc = psutil.Process(proc.pid)
+        cpu0, rcpu0 = pump_cpu(cluster), sum(rproc.cpu_times()[:2])
+        ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
+        t0 = time.time()
+        n = 0
+        stream = pbg.DrainerStub(ch).PullBinlogs(pb.DrainerPullReq(
+            cluster_id=cluster.cluster_id, after_commit_ts=after), timeout=600)
+        for resp in stream:
+            n += len(resp.binlogs)
+            if n >= total:
+                break
+        t_end = time.time()
+        stream.cancel()
+        ch.close()
+        print(f"    relay cpu s: pumps {pump_cpu(cluster) - cpu0:.2f}, relay "
+              f"{sum(rproc.cpu_times()[:2]) - rcpu0:.2f}", flush=True)
+        return total / (t_end - t0)
+    finally:
+        proc.stop()
+
+
+def real_path(binlogs: int, repeat: int, relay: bool = False) -> None:
     import tempfile
 
     from tests.support.cluster import Cluster
@@ -273,12 +319,16 @@ def real_path(binlogs: int, repeat: int) -> None:
         total = sum(counts.values())
         print(f"preloaded {total:,} binlogs over 3 pumps in {time.monotonic() - t:.1f}s "
               f"({', '.join(f'{p}: {n:,}' for p, n in counts.items())})", flush=True)
-        base, ours = [], []
+        base, ours, floor = [], [], []
         for r in range(repeat):
             base.append(read_pumps(cluster, after, counts))
             ours.append(read_drainer(cluster, f"bench-{r}", after, total))
+            if relay:
+                floor.append(read_relay(cluster, after, total))
             print(f"  run {r + 1}: pumps read {base[-1]:,.0f} binlogs/s, drainer merged "
-                  f"{ours[-1]:,.0f} binlogs/s", flush=True)
+                  f"{ours[-1]:,.0f} binlogs/s"
+                  + (f", relay (no merge) {floor[-1]:,.0f} binlogs/s" if relay else ""),
+                  flush=True)
     finally:
         cluster.stop()
         etcd.stop()
@@ -289,6 +339,11 @@ def real_path(binlogs: int, repeat: int) -> None:
     print(f"| 3 pumps -> drainer (grpc sink) -> consumer vs reading the 3 pumps' PullBinlogs, "
           f"{total:,} binlogs | {b:,.0f}/s | {o:,.0f}/s | {o / b:.2f}x | {os.cpu_count()} cores | "
           f"{datetime.date.today().isoformat()} |")
+    if floor:
+        f = statistics.median(floor)
+        print(f"| 3 pumps -> relay forwarding responses unmerged (bench/relay_floor.py) -> consumer, "
+              f"same baseline | {b:,.0f}/s | {f:,.0f}/s | {f / b:.2f}x | {os.cpu_count()} cores | "
+              f"{datetime.date.today().isoformat()} |")
 
 
 def main() -> None:
@@ -301,12 +356,14 @@ def main() -> None:
     ap.add_argument("--binlogs", type=int, default=300_000)
     ap.add_argument("--real-repeat", type=int, default=3)
     ap.add_argument("--skip-in-process", action="store_true")
+    ap.add_argument("--relay-floor", action="store_true",
+                    help="real path: also time bench/relay_floor.py (forwards, never merges)")
     args = ap.parse_args()
     if not args.skip_in_process:
         in_process(args)
     if args.real:
         print()
-        real_path(args.binlogs, args.real_repeat)
+        real_path(args.binlogs, args.real_repeat, args.relay_floor)
 
 
 def in_process(args: argparse.Namespace) -> None:
