@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -86,9 +87,15 @@ class Phase:
         self.probes.phase = self.name
         m0 = {k: scrape(a) for k, a in self.metrics_addrs.items()}
         c0, w0 = cpu_seconds(self.pids), time.time()
+        self0 = resource.getrusage(resource.RUSAGE_SELF)
         load0 = os.getloadavg()
         res = bench.run(seconds, rate)
         c1, w1 = cpu_seconds(self.pids), time.time()
+        self1 = resource.getrusage(resource.RUSAGE_SELF)
+        # The load generator and this script (probes, pollers) run on the same cores.
+        c0.update({"sysbench": 0.0, "bench-probes": 0.0})
+        c1.update({"sysbench": res.cpu_s, "bench-probes": (self1.ru_utime - self0.ru_utime)
+                   + (self1.ru_stime - self0.ru_stime)})
         m1 = {k: scrape(a) for k, a in self.metrics_addrs.items()}
         final = self.probes.insert(self.name + "-final")
         say(f"{self.name}: {res.tps:.0f} tps; waiting for the sinks to drain")
@@ -426,6 +433,8 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
                *(sluice.get("steps", []) if sluice else [])]:
         print(f"- {ph['phase']}: before {ph['load_before']}, after {ph['load_after']}; "
               f"%CPU {json.dumps(ph['cpu_pct'])}")
+    print(f"\nwhere the time goes, native ({native['tps']:,.0f} source tps):")
+    print("- " + cpu_budget(native))
     for ph in ([sluice["half"]] if sluice and "half" in sluice else []) + (
             sluice.get("steps", [])[-1:] if sluice else []):
         print(f"\nwhere the time goes, {ph['phase']} ({ph['tps']:,.0f} source tps):")
@@ -444,11 +453,30 @@ def _m(ph: dict[str, Any], proc: str, name: str) -> float:
     return float(ph["metrics"].get(proc, {}).get(name, math.nan))
 
 
+_SOURCE_SIDE = ("mariadb", "mariadb-source", "sysbench", "bench-probes")
+_DOWNSTREAM = ("mariadb-downstream", "mariadb-replica")
+
+
+def cpu_budget(ph: dict[str, Any]) -> str:
+    """How the machine's cores were shared in one phase, and CPU ms per source transaction for
+    the source side (source MariaDB, sysbench, this script's probes), the replication pipeline
+    (Sluice's processes) and the downstream database."""
+    cpu, tps = ph["cpu_pct"], ph["tps"]
+    groups = {"source side": sum(v for k, v in cpu.items() if k in _SOURCE_SIDE),
+              "pipeline": sum(v for k, v in cpu.items() if k not in _SOURCE_SIDE + _DOWNSTREAM),
+              "downstream": sum(v for k, v in cpu.items() if k in _DOWNSTREAM)}
+    total = sum(groups.values())
+    per = ", ".join(f"{k} {v * 10 / tps:.3f}" for k, v in groups.items() if tps) or "n/a"
+    return (f"CPU budget: {total:.0f}% of {100 * (os.cpu_count() or 1)}% used at {tps:,.0f} source "
+            f"tps; ms CPU per source txn: {per}")
+
+
 def profile_lines(ph: dict[str, Any]) -> list[str]:
     """The Sluice processes' own view of one phase: rates, per-hop lag, CPU."""
     cpu = ph["cpu_pct"]
     out = ["%CPU (100 = one core): " + ", ".join(f"{k} {v:.0f}" for k, v in
-                                                  sorted(cpu.items(), key=lambda kv: -kv[1]))]
+                                                  sorted(cpu.items(), key=lambda kv: -kv[1])),
+           cpu_budget(ph)]
     c = "capture"
     txns, groups = _m(ph, c, "sluice_capture_transactions_total /s"), _m(ph, c, "sluice_capture_groups_total /s")
     gsum = _m(ph, c, "sluice_capture_group_seconds_sum /s")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import resource
 import subprocess
 import sys
 import threading
@@ -83,6 +84,9 @@ class Sysbench:
         if rate:
             extra.append(f"--rate={rate}")
         started = time.time()
+        # sysbench's own CPU (the load generator shares the machine): the only child that ends
+        # while this runs, so the children's rusage delta is its.
+        children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.Popen(self.argv("run", *extra), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         try:
@@ -94,7 +98,9 @@ class Sysbench:
         ended = time.time()
         if proc.returncode != 0:
             raise RuntimeError(f"sysbench run failed ({proc.returncode}):\n{text[-3000:]}")
-        return SysbenchResult.parse(text, started, ended, rate)
+        children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = (children1.ru_utime - children0.ru_utime) + (children1.ru_stime - children0.ru_stime)
+        return SysbenchResult.parse(text, started, ended, rate, cpu_s)
 
 
 @dataclass(frozen=True)
@@ -107,9 +113,11 @@ class SysbenchResult:
     per_second: list[float]    # tps of each 1 s report
     lat_p99_ms: float
     errors: int
+    cpu_s: float = math.nan    # sysbench's own user+system CPU seconds
 
     @classmethod
-    def parse(cls, text: str, started: float, ended: float, rate: int) -> "SysbenchResult":
+    def parse(cls, text: str, started: float, ended: float, rate: int,
+              cpu_s: float = math.nan) -> "SysbenchResult":
         m = re.search(r"transactions:\s+(\d+)\s+\(([\d.]+) per sec", text)
         if m is None:
             raise RuntimeError(f"no summary in sysbench output:\n{text[-2000:]}")
@@ -117,7 +125,8 @@ class SysbenchResult:
         p99 = re.search(r"99th percentile:\s+([\d.]+)", text)
         err = re.search(r"ignored errors:\s+(\d+)", text)
         return cls(started, ended, rate, float(m.group(2)), int(m.group(1)), per,
-                   float(p99.group(1)) if p99 else math.nan, int(err.group(1)) if err else 0)
+                   float(p99.group(1)) if p99 else math.nan, int(err.group(1)) if err else 0,
+                   cpu_s)
 
 
 # ---------------------------------------------------------------------------------------------
