@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -158,6 +159,16 @@ def preload(cluster, binlogs: int, group: int = 5000) -> tuple[int, dict[str, in
     return t0, counts
 
 
+def read_until(stream: Any, expect: int) -> int:
+    """Read a PullBinlogs stream until `expect` binlogs came; how many came."""
+    n = 0
+    for resp in stream:
+        n += len(resp.binlogs)
+        if n >= expect:
+            break
+    return n
+
+
 def read_pumps(cluster, after: int, counts: dict[str, int]) -> float:  # type: ignore[no-untyped-def]
     """Baseline: the 3 pumps' PullBinlogs streams read concurrently, no merge; binlogs/s."""
     import grpc
@@ -167,13 +178,9 @@ def read_pumps(cluster, after: int, counts: dict[str, int]) -> float:  # type: i
 
     def one(addr: str, expect: int) -> None:
         ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
-        n = 0
         stream = pbg.PumpStub(ch).PullBinlogs(pb.PullBinlogsReq(
             cluster_id=cluster.cluster_id, after_commit_ts=after), timeout=600)
-        for resp in stream:
-            n += len(resp.binlogs)
-            if n >= expect:
-                break
+        read_until(stream, expect)
         stream.cancel()
         ch.close()
     threads = [threading.Thread(target=one, args=(cluster.pumps[p].addr, n)) for p, n in counts.items()]
@@ -285,13 +292,9 @@ def read_relay(cluster, after: int, total: int) -> float:  # type: ignore[no-unt
         cpu0, rcpu0 = pump_cpu(cluster), sum(rproc.cpu_times()[:2])
         ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
         t0 = time.time()
-        n = 0
         stream = pbg.DrainerStub(ch).PullBinlogs(pb.DrainerPullReq(
             cluster_id=cluster.cluster_id, after_commit_ts=after), timeout=600)
-        for resp in stream:
-            n += len(resp.binlogs)
-            if n >= total:
-                break
+        read_until(stream, total)
         t_end = time.time()
         stream.cancel()
         ch.close()

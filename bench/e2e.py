@@ -18,8 +18,10 @@
    tps of the largest step whose lag stays bounded: every probe seen, p99 < 3 s and the lag not
    trending up (least-squares slope < 0.05 s per s and last third's p50 < first third's + 1 s);
    stepping stops after a step whose lag grows (slope >= 0.05 s/s, or it did not drain).
-3. Report (stdout): a markdown table and one JSON line; per phase the %CPU of every process and
-   the rates of the Sluice processes' Prometheus counters (where the time goes).
+3. Report (stdout): a markdown table and one JSON line; per phase the %CPU of every process
+   (sysbench's and this script's included: the load generator shares the cores), a CPU budget
+   (cores used; ms CPU per source transaction for the source side, the pipeline and the
+   downstream) and the rates of the Sluice processes' Prometheus counters (where the time goes).
 
 Probes: a row in `bench_probe.probe` committed every 200 ms on the source, the commit's wall time
 noted when COMMIT returns; lag = first time a sink shows it − that time (one clock: this process).

@@ -1,7 +1,9 @@
 """A SparkSession on the shared Hive metastore: UTC, loopback, quiet logs, any master.
 
 One JVM per Python process: `session()` returns the active session when there is one (a test
-module or a drainer shares it between sinks), so the settings apply at the first call only.
+module or a drainer shares it between sinks), so the settings apply at the first call only —
+except the metastore, the catalog's identity: asking for another one than the active session's
+is a ConfigError, never a session that would read and write the other catalog.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from sluice.core.errors import ConfigError
 from sluice.spark_sink.config import SessionConfig
 from sluice.spark_sink.metastore import DERBY_CLIENT_JAR
 
@@ -60,6 +63,21 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
 
 
 _JVM_START_ATTEMPTS = 3
+_METASTORE_URL = "spark.hadoop.javax.jdo.option.ConnectionURL"
+
+
+def _metastore_of(url: str | None) -> str:
+    return url or "Spark's embedded Derby"
+
+
+def _check_same_metastore(active: SparkSession, cfg: SessionConfig) -> None:
+    have = active.sparkContext.getConf().get(_METASTORE_URL)
+    want = conf_of(cfg).get(_METASTORE_URL)
+    if have != want:
+        raise ConfigError(
+            f"spark: this process's Spark session uses the metastore {_metastore_of(have)}; a "
+            f"sink or command asks for {_metastore_of(want)}. One JVM holds one Hive metastore "
+            "connection: run components on different metastores in different processes")
 
 
 def session(cfg: SessionConfig) -> SparkSession:
@@ -69,6 +87,7 @@ def session(cfg: SessionConfig) -> SparkSession:
     from pyspark.sql import SparkSession
     active = SparkSession.getActiveSession()
     if active is not None:
+        _check_same_metastore(active, cfg)
         return active
     builder = SparkSession.builder
     for k, v in conf_of(cfg).items():

@@ -370,3 +370,24 @@ def test_a_drainer_of_another_name_is_refused_by_the_sink_before_it_writes(
                       spark=env.spark, drainer_name="d-owner")
     run(again.open(Checkpoint(0)))
     assert again.checkpoint().commit_ts == before.commit_ts == txns[-1].commit_ts
+
+
+def test_a_session_on_another_metastore_is_a_config_error_not_the_active_catalog(
+        spark_env: SparkEnv) -> None:
+    """One JVM holds one Hive metastore: asking this process for a session on another one
+    (another Derby server, database or the embedded one) is refused by name, never answered
+    with the active session (whose catalog the caller would then read and write)."""
+    import dataclasses
+
+    from sluice.core.errors import ConfigError
+    from sluice.spark_sink.session import session
+    env = spark_env
+    assert session(env.session_cfg) is env.spark
+    assert session(dataclasses.replace(env.session_cfg, app_name="other", log_level="WARN")) \
+        is env.spark   # other settings: the active session, as documented
+    for other in (dataclasses.replace(env.session_cfg, metastore="127.0.0.1:1"),
+                  dataclasses.replace(env.session_cfg, metastore_db="elsewhere"),
+                  dataclasses.replace(env.session_cfg, metastore="")):
+        with pytest.raises(ConfigError, match="uses the metastore jdbc:derby://127.0.0.1:"):
+            session(other)
+    assert env.rows("SHOW DATABASES")   # the active session is untouched
