@@ -19,6 +19,8 @@ binlogs (prewrite + commit per transaction, commit_ts interleaved across pumps),
 - baseline: one client reads the 3 pumps' PullBinlogs streams concurrently (3 threads), no merge;
 - ours: `sluice drainer` with the grpc sink merges the same streams and one consumer reads its
   Drainer.PullBinlogs, from the drainer's "online" log line to the last binlog received.
+- tuples (`--tuples`): the same drainer with `columnar-merge = false` (per-transaction tuples,
+  the route every other sink takes);
 - relay (`--relay-floor`): bench/relay_floor.py reads the same streams as the drainer does and
   forwards each response unmerged: the cost of a Python process in the path before any
   per-transaction work (the floor a drainer can approach), from the consumer's pull.
@@ -26,6 +28,7 @@ Both read the same data in the same invocation; wall-clock binlogs/s, median of 
 
 Run: .venv/bin/python bench/drainer_merge.py [--sources 5] [--per-source 200000] [--batch 1000]
      [--real] [--binlogs 300000] [--real-repeat 3] [--skip-in-process] [--relay-floor]
+     [--tuples]
 """
 from __future__ import annotations
 
@@ -204,8 +207,10 @@ def pump_cpu(cluster) -> float:  # type: ignore[no-untyped-def]
     return total
 
 
-def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: ignore[no-untyped-def]
-    """Ours: drainer (grpc sink) from its online log line to the consumer's last binlog."""
+def read_drainer(cluster, name: str, after: int, total: int,  # type: ignore[no-untyped-def]
+                 columnar: bool = True) -> float:
+    """Ours: drainer (grpc sink) from its online log line to the consumer's last binlog;
+    `columnar` False: the drainer merges per-transaction tuples (columnar-merge = false)."""
     import grpc
 
     from sluice.core import grpcutil
@@ -217,7 +222,8 @@ def read_drainer(cluster, name: str, after: int, total: int) -> float:  # type: 
     # state: at ~0.3 s per run a 100 ms poll would be a third of the measurement); the clock
     # still starts at the drainer's own "online: merging" line.
     d = cluster.start_drainer(name, sink="grpc", wait_online=False, **{
-        "initial-commit-ts": after, "to.consumers": ["bench"], "checkpoint-interval": 1.0})
+        "initial-commit-ts": after, "to.consumers": ["bench"], "checkpoint-interval": 1.0,
+        "columnar-merge": columnar})
     dproc = psutil.Process(d.proc.pid)
     # A channel made before the drainer listens connects only after grpc's reconnect backoff
     # (measured: 95-320 ms after the drainer served, even with a 5 ms backoff asked). A consumer
@@ -305,7 +311,7 @@ def read_relay(cluster, after: int, total: int) -> float:  # type: ignore[no-unt
         proc.stop()
 
 
-def real_path(binlogs: int, repeat: int, relay: bool = False) -> None:
+def real_path(binlogs: int, repeat: int, relay: bool = False, tuples: bool = False) -> None:
     import tempfile
 
     from tests.support.cluster import Cluster
@@ -322,14 +328,17 @@ def real_path(binlogs: int, repeat: int, relay: bool = False) -> None:
         total = sum(counts.values())
         print(f"preloaded {total:,} binlogs over 3 pumps in {time.monotonic() - t:.1f}s "
               f"({', '.join(f'{p}: {n:,}' for p, n in counts.items())})", flush=True)
-        base, ours, floor = [], [], []
+        base, ours, floor, tup = [], [], [], []
         for r in range(repeat):
             base.append(read_pumps(cluster, after, counts))
             ours.append(read_drainer(cluster, f"bench-{r}", after, total))
+            if tuples:
+                tup.append(read_drainer(cluster, f"bench-tuples-{r}", after, total, columnar=False))
             if relay:
                 floor.append(read_relay(cluster, after, total))
             print(f"  run {r + 1}: pumps read {base[-1]:,.0f} binlogs/s, drainer merged "
                   f"{ours[-1]:,.0f} binlogs/s"
+                  + (f", drainer in tuples {tup[-1]:,.0f} binlogs/s" if tuples else "")
                   + (f", relay (no merge) {floor[-1]:,.0f} binlogs/s" if relay else ""),
                   flush=True)
     finally:
@@ -342,6 +351,11 @@ def real_path(binlogs: int, repeat: int, relay: bool = False) -> None:
     print(f"| 3 pumps -> drainer (grpc sink) -> consumer vs reading the 3 pumps' PullBinlogs, "
           f"{total:,} binlogs | {b:,.0f}/s | {o:,.0f}/s | {o / b:.2f}x | {os.cpu_count()} cores | "
           f"{datetime.date.today().isoformat()} |")
+    if tup:
+        t = statistics.median(tup)
+        print(f"| same, the drainer merging per-transaction tuples (columnar-merge = false) | "
+              f"{b:,.0f}/s | {t:,.0f}/s | {t / b:.2f}x | {os.cpu_count()} cores | "
+              f"{datetime.date.today().isoformat()} |")
     if floor:
         f = statistics.median(floor)
         print(f"| 3 pumps -> relay forwarding responses unmerged (bench/relay_floor.py) -> consumer, "
@@ -359,6 +373,8 @@ def main() -> None:
     ap.add_argument("--binlogs", type=int, default=300_000)
     ap.add_argument("--real-repeat", type=int, default=3)
     ap.add_argument("--skip-in-process", action="store_true")
+    ap.add_argument("--tuples", action="store_true",
+                    help="real path: also time the drainer with columnar-merge = false")
     ap.add_argument("--relay-floor", action="store_true",
                     help="real path: also time bench/relay_floor.py (forwards, never merges)")
     args = ap.parse_args()
@@ -366,7 +382,7 @@ def main() -> None:
         in_process(args)
     if args.real:
         print()
-        real_path(args.binlogs, args.real_repeat, args.relay_floor)
+        real_path(args.binlogs, args.real_repeat, args.relay_floor, args.tuples)
 
 
 def in_process(args: argparse.Namespace) -> None:

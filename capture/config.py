@@ -59,7 +59,9 @@ class CaptureConfig:
     # Debezium's `read.only`: every snapshot reads chunks in consistent-snapshot transactions
     # and writes nothing to the source (no watermark rows; no signal table needed).
     snapshot_read_only: bool = False
-    mark_table: str = ""             # "db.table" a MySQL sink writes in each txn: such txns are skipped
+    # "db.table" a MySQL sink writes in each transaction (its checkpoint table): transactions
+    # touching it, and DDL starting with `/* sluice-apply */`, are skipped (loop prevention)
+    mark_table: str = ""
     group_max_txns: int = 256
     group_max_bytes: int = 4 << 20
     group_max_wait_ms: int = 20

@@ -34,6 +34,9 @@ class DrainerConfig:
     reconnect_max_backoff: float = 2.0    # pump stream reconnect backoff cap, seconds
     skip_corrupt: bool = False            # skip undecodable transactions instead of stopping
     dedupe_window: int = 4096
+    # A sink that forwards stored binlogs (grpc) gets plain pump responses merged as Arrow
+    # columns (drainer/columnar.py); false: per-transaction tuples, as for the other sinks.
+    columnar_merge: bool = True
     source_name: str = "sluice"           # Debezium topic prefix when a producer sets none
     metrics_addr: str = ""
     # HA (DESIGN §6): several instances with the same name, one active; the lease TTL is

@@ -65,9 +65,10 @@ FATAL_CODES = frozenset({grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INVALID_A
 class ReaderTarget(Protocol):
     """What a reader feeds (the drainer)."""
 
-    def deliver(self, pump_id: str, items: list[tuple], watermark: int, binlogs: int) -> None:
-        """Complete transactions (merge tuples) in commit order, then the pump's watermark;
-        `binlogs`: how many binlogs the items hold (observability)."""
+    def deliver(self, pump_id: str, items: Any, watermark: int, binlogs: int) -> None:
+        """Complete transactions in commit order (a list of merge tuples, or a Segment from a
+        reader made `columnar`), then the pump's watermark; `binlogs`: how many binlogs the
+        items hold (observability)."""
 
     async def wait_room(self, pump_id: str) -> None:
         """Return once the merge can take more of this pump's transactions."""
@@ -83,7 +84,10 @@ class PumpReader:
                  cluster_id: int, consumer_id: str, security: SecurityConfig | None = None,
                  with_schema: bool = False, skip_corrupt: bool = False,
                  max_backoff: float = 2.0,
-                 on_event: Callable[[str, str], None] | None = None) -> None:
+                 on_event: Callable[[str, str], None] | None = None,
+                 columnar: bool = False) -> None:
+        """columnar: hand plain packed responses over as drainer.columnar Segments (a target
+        merging with ColumnarMerge, for a raw sink) instead of merge tuples."""
         self.pump_id, self.addr = pump_id, addr
         self.after = after_ts            # everything <= after was delivered
         self.target = target
@@ -98,6 +102,10 @@ class PumpReader:
         self.skipped = 0
         self.connected = False
         self._fp = f"drainer-reader-recv-{pump_id}"
+        self._segment: Callable[..., Any] | None = None
+        if columnar:
+            from sluice.drainer.columnar import segment
+            self._segment = segment
 
     async def run(self) -> None:
         backoff = 0.05
@@ -156,13 +164,34 @@ class PumpReader:
                 if pending:
                     self._response(resp.binlogs, resp.watermark, pending)
                 elif resp.txn_end:
-                    self._response_packed(raw, resp)
+                    if self._segment is None or not self._response_segment(raw, resp):
+                        self._response_packed(raw, resp)
                 elif resp.txns:
                     self._response_meta(resp.binlogs, resp.txns, resp.watermark)
                 else:
                     self._response(resp.binlogs, resp.watermark, pending)
         finally:
             call.cancel()
+
+    def _response_segment(self, raw: bytes, resp: pb.PullBinlogsResp) -> bool:
+        """A plain packed response as one Segment (drainer.columnar); False when it does not
+        qualify (producer positions, arrays that do not match): the tuple path reads it."""
+        assert self._segment is not None
+        got = self._segment(raw, resp, self.after)
+        if got is None:
+            return False
+        pieces, top = got
+        nb = len(resp.binlogs)
+        self.binlogs += nb
+        watermark = resp.watermark
+        wm = watermark if watermark > top else top
+        self.after = wm
+        # Runs between FAKE entries: each with its own end as the watermark, the last with the
+        # response's (a watermark is given only once everything at or below it was handed over).
+        for piece in pieces[:-1]:
+            self.target.deliver(self.pump_id, piece, piece.last_ct, 0)
+        self.target.deliver(self.pump_id, pieces[-1] if pieces else [], wm, nb)
+        return True
 
     def _response_packed(self, raw: bytes, resp: pb.PullBinlogsResp) -> None:
         """A response with packed metadata: merge tuples from array conversions and slices.

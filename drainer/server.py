@@ -171,6 +171,7 @@ class DrainerServer:
         self._txns_at_save = 0
         self._heartbeat: Any = None
         self._raw = False                   # the sink takes RawTxn batches (grpc)
+        self._columnar = False              # ... and merged columns (drainer/columnar.py)
         self._follows_merge = True
         self._background = False            # the sink commits in the background (spark)
         self._sink_committed = False        # a background commit finished: save a checkpoint
@@ -308,7 +309,13 @@ class DrainerServer:
         positions = decode_positions(self.cp.positions)
         self._applied_positions = dict(positions)
         self._position_log.clear()
-        self.merger = Merger(self.durable_ts, positions, self.config.dedupe_window)
+        if self._columnar:
+            from sluice.drainer.columnar import ColumnarMerge
+            self.merger = ColumnarMerge(self.durable_ts, positions, self.config.dedupe_window)  # type: ignore[assignment]
+            log.info("drainer %s merges plain pump responses in columns (sink %s)", self.name,
+                     self.config.sink)
+        else:
+            self.merger = Merger(self.durable_ts, positions, self.config.dedupe_window)
 
     def _on_signal(self) -> None:
         self._stop.set()
@@ -348,6 +355,9 @@ class DrainerServer:
                               cluster_id=self.config.cluster_id, epoch=self.epoch,
                               fence=self._guard, metrics=self.metrics.m)
         self._raw = bool(getattr(self.sink, "accepts_raw", False))
+        # A sink taking merged columns gets them from a ColumnarMerge (drainer/columnar.py).
+        self._columnar = (self.config.columnar_merge and self._raw
+                          and hasattr(self.sink, "apply_columns"))
         set_replay = getattr(self.sink, "set_replay", None)
         if set_replay is not None:
             set_replay(self._open_replay)
@@ -463,7 +473,7 @@ class DrainerServer:
             consumer_id=self.name, security=self.config.security,
             with_schema=self._want_schema, skip_corrupt=self.config.skip_corrupt,
             max_backoff=self.config.reconnect_max_backoff,
-            on_event=self.metrics.on_reader_event)
+            on_event=self.metrics.on_reader_event, columnar=self._columnar)
         task = asyncio.create_task(run_guarded(reader, self._reader_failed), name=f"reader-{pump_id}")
         self.readers[pump_id] = (reader, task)
         log.info("pump %s (%s) joined the merge after ts %d", pump_id, addr, after)
@@ -565,7 +575,7 @@ class DrainerServer:
 
     # -- ReaderTarget -------------------------------------------------------------------------
 
-    def deliver(self, pump_id: str, items: list[tuple], watermark: int, binlogs: int = 0) -> None:
+    def deliver(self, pump_id: str, items: Any, watermark: int, binlogs: int = 0) -> None:
         m = self.merger
         if m is None:
             return
@@ -573,7 +583,9 @@ class DrainerServer:
             # A raw sink never unframes a transaction: count binlogs as the readers merge them.
             self.binlogs_in += binlogs
         try:
-            if items:
+            if items.__class__ is not list:
+                m.push_segment(pump_id, items)  # type: ignore[union-attr]
+            elif items:
                 m.push_many(pump_id, items)
             m.advance(pump_id, watermark)
         except UnknownSource:
@@ -665,10 +677,17 @@ class DrainerServer:
             except asyncio.TimeoutError:
                 pass
 
-    async def _apply(self, items: list[Any]) -> None:
+    async def _apply(self, items: Any) -> None:
         sink = self.sink
         assert sink is not None
         bad: CorruptTxn | None = None
+        if items.__class__ is not list:
+            # A ColumnBatch (raw sink, columnar merge): no producer positions by construction.
+            await self._raise_dispatched(items.last_ct)
+            self._guard()
+            sink.apply_columns(items)  # type: ignore[attr-defined]
+            await self._applied(len(items), self.binlogs_in - self.binlogs_out)
+            return
         if self._raw:
             # (commit_ts, start_ts, framed binlogs): RawTxn's fields, built as plain tuples.
             batch = list(map(_raw_fields, items))
@@ -719,11 +738,7 @@ class DrainerServer:
                 pos = it[4]
                 if pos is not None and not is_empty(pos):
                     self._position_log.append((it[0], it[3], pos))
-        self.txns_out += len(applied)
-        self.binlogs_out += nbin
-        self.metrics.txns.inc(len(applied))
-        self.metrics.binlogs.inc(nbin)
-        await failpoint.ainject("drainer-after-apply")
+        await self._applied(len(applied), nbin)
         if bad is not None:
             # Everything before the bad transaction is applied: make it durable and say where
             # the drainer stopped, so nothing is half-written and the restart point is exact.
@@ -731,6 +746,13 @@ class DrainerServer:
             raise errors.SluiceError(f"drainer {self.name} stopped: {bad} (everything before it "
                                      f"is applied, checkpoint {self.durable_ts}; set "
                                      "skip-corrupt = true to drop such transactions)")
+
+    async def _applied(self, txns: int, binlogs: int) -> None:
+        self.txns_out += txns
+        self.binlogs_out += binlogs
+        self.metrics.txns.inc(txns)
+        self.metrics.binlogs.inc(binlogs)
+        await failpoint.ainject("drainer-after-apply")
 
     async def _raise_dispatched(self, commit_ts: int) -> None:
         """Persist dispatched_upper >= commit_ts before the sink sees it (DESIGN §6 safe mode)."""

@@ -23,6 +23,12 @@ stored them (PREWRITE part(s) then COMMIT, serialized `Binlog`s), several per re
 kept framed as DrainerPullResp field 1 (drainer.txn.frame), so a response is the concatenation
 of its transactions' bytes plus the watermark, never re-encoded (`serve` yields serialized
 DrainerPullResp bytes; drainer/service.py registers a pass-through serializer).
+
+The buffer is a list of chunks, one per applied batch: its commit_ts, the byte offset of each
+transaction in one contiguous buffer, and that buffer — a merged ColumnBatch's arrays as they
+are (`apply_columns`, no object per transaction) or a RawTxn batch joined once (`apply_raw`).
+A response is one slice of a chunk, found by bisection; acknowledgements drop whole chunks and
+move a start index in the first.
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ import bisect
 import dataclasses
 import logging
 import operator
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from itertools import accumulate
 from typing import Any, NamedTuple, Protocol
 
 from sluice.core.errors import ConfigError, InvalidArgument, OutOfRange
@@ -82,6 +89,21 @@ class RawTxn(NamedTuple):
     binlogs: bytes           # PREWRITE part(s), then the COMMIT, framed (drainer.txn.frame)
 
 
+class _Chunk:
+    """One applied batch: transactions lo.. of it are still buffered."""
+
+    __slots__ = ("cts", "offs", "data", "lo")
+
+    def __init__(self, cts: Sequence[int], offs: Sequence[int], data: Any) -> None:
+        self.cts = cts          # commit_ts, ascending
+        self.offs = offs        # len(cts) + 1 offsets: transaction k is data[offs[k]:offs[k+1]]
+        self.data = data        # bytes-like
+        self.lo = 0
+
+    def live_bytes(self, lo: int, hi: int) -> int:
+        return self.offs[hi] - self.offs[lo]
+
+
 class GrpcSink(Sink):
     name = "grpc"
     accepts_raw = True               # the drainer hands RawTxn batches to apply_raw
@@ -89,9 +111,9 @@ class GrpcSink(Sink):
 
     def __init__(self, options: GrpcSinkConfig) -> None:
         self._cfg = options
-        self._cts: list[int] = []          # commit_ts of buffered transactions, ascending
-        self._txns: list[bytes] = []       # their binlogs, framed
-        self._sizes: list[int] = []
+        self._chunks: list[_Chunk] = []    # buffered transactions, commit order
+        self._lasts: list[int] = []        # each chunk's last commit_ts (for bisection)
+        self._n = 0                        # buffered transactions
         self._bytes = 0
         self._start = 0     # the buffer holds every transaction with commit_ts > _start
         self._top = 0       # every transaction with commit_ts <= _top has been appended
@@ -142,16 +164,32 @@ class GrpcSink(Sink):
         """Commit-ordered (commit_ts, start_ts, framed binlogs) tuples (RawTxn or plain)."""
         if not batch:
             return
-        if batch[0][0] <= self._top:
-            raise InvalidArgument(f"grpc sink: commit_ts {batch[0][0]} is not above "
-                                  f"{self._top}: batches must come in commit order")
         binlogs = list(map(_binlogs, batch))
-        sizes = list(map(len, binlogs))
-        self._cts.extend(map(_commit_ts, batch))
-        self._txns.extend(binlogs)
-        self._sizes.extend(sizes)
-        self._bytes += sum(sizes)
-        self._top = batch[-1][0]
+        self._append(_Chunk(list(map(_commit_ts, batch)), [0, *accumulate(map(len, binlogs))],
+                            b"".join(binlogs)))
+
+    def apply_columns(self, batch: Any) -> None:
+        """A merged drainer.columnar.ColumnBatch, kept as its arrays' buffers."""
+        if not len(batch):
+            return
+        bins = batch.bins
+        width = 4
+        offs = memoryview(bins.buffers()[1])[bins.offset * width:(bins.offset + len(bins) + 1)
+                                             * width].cast("i")
+        cts = memoryview(batch.cts.buffers()[1])[batch.cts.offset * 8:(batch.cts.offset
+                                                                       + len(batch.cts)) * 8]
+        self._append(_Chunk(cts.cast("q"), offs, memoryview(bins.buffers()[2])))
+
+    def _append(self, chunk: _Chunk) -> None:
+        n = len(chunk.cts)
+        if chunk.cts[0] <= self._top:
+            raise InvalidArgument(f"grpc sink: commit_ts {chunk.cts[0]} is not above "
+                                  f"{self._top}: batches must come in commit order")
+        self._chunks.append(chunk)
+        self._lasts.append(chunk.cts[n - 1])
+        self._n += n
+        self._bytes += chunk.live_bytes(0, n)
+        self._top = chunk.cts[n - 1]
         self._wake()
         if not self.has_room():
             self._room.clear()
@@ -176,7 +214,7 @@ class GrpcSink(Sink):
     # -- back-pressure -------------------------------------------------------------------------
 
     def has_room(self) -> bool:
-        return len(self._cts) < self._cfg.buffer_txns and self._bytes < self._cfg.buffer_bytes
+        return self._n < self._cfg.buffer_txns and self._bytes < self._cfg.buffer_bytes
 
     async def wait_room(self, timeout: float) -> bool:
         if self.has_room():
@@ -215,10 +253,18 @@ class GrpcSink(Sink):
         low = min(self._acks.values())
         if low <= self._start:
             return
-        n = bisect.bisect_right(self._cts, low)
-        if n:
-            self._bytes -= sum(self._sizes[:n])
-            del self._cts[:n], self._txns[:n], self._sizes[:n]
+        chunks = self._chunks
+        while chunks and self._lasts[0] <= low:
+            ch = chunks.pop(0)
+            del self._lasts[0]
+            self._n -= len(ch.cts) - ch.lo
+            self._bytes -= ch.live_bytes(ch.lo, len(ch.cts))
+        if chunks:
+            ch = chunks[0]
+            k = bisect.bisect_right(ch.cts, low, ch.lo)
+            self._n -= k - ch.lo
+            self._bytes -= ch.live_bytes(ch.lo, k)
+            ch.lo = k
         self._start = low
         if self.has_room():
             self._room.set()
@@ -256,18 +302,16 @@ class GrpcSink(Sink):
                 sent_wm = after
                 continue
             changed = self._changed
-            i = bisect.bisect_right(self._cts, after)
-            cts, txns, sizes = self._cts, self._txns, self._sizes
-            n = len(cts)
-            if i < n:
-                j, size = i, 0
-                while j < n and size < limit:
-                    size += sizes[j]
-                    j += 1
-                out = b"".join(txns[i:j])
-                after = cts[j - 1]
-                wm = after if j < n else max(after, self._top)
-                yield out + _tail(wm)
+            c = bisect.bisect_right(self._lasts, after)
+            if c < len(self._chunks):
+                ch = self._chunks[c]
+                offs, n = ch.offs, len(ch.cts)
+                i = max(ch.lo, bisect.bisect_right(ch.cts, after, ch.lo))
+                # Transactions i..j-1: the fewest that reach `limit` bytes (at least one).
+                j = min(bisect.bisect_left(offs, offs[i] + limit, i + 1, n + 1), n)
+                after = ch.cts[j - 1]
+                wm = after if j < n or c + 1 < len(self._chunks) else max(after, self._top)
+                yield b"".join((ch.data[offs[i]:offs[j]], _tail(wm)))
                 sent_wm = wm
                 after = wm
                 continue
