@@ -24,7 +24,8 @@ binlogs (prewrite + commit per transaction, commit_ts interleaved across pumps),
 - relay (`--relay-floor`): bench/relay_floor.py reads the same streams as the drainer does and
   forwards each response unmerged: the cost of a Python process in the path before any
   per-transaction work (the floor a drainer can approach), from the consumer's pull.
-Both read the same data in the same invocation; wall-clock binlogs/s, median of --real-repeat.
+Both read the same data in the same invocation; wall-clock binlogs/s, median of --real-repeat,
+after --warmup uncounted rounds (the first round of a fresh cluster is slower on every side).
 
 Run: .venv/bin/python bench/drainer_merge.py [--sources 5] [--per-source 200000] [--batch 1000]
      [--real] [--binlogs 300000] [--real-repeat 3] [--skip-in-process] [--relay-floor]
@@ -311,7 +312,8 @@ def read_relay(cluster, after: int, total: int) -> float:  # type: ignore[no-unt
         proc.stop()
 
 
-def real_path(binlogs: int, repeat: int, relay: bool = False, tuples: bool = False) -> None:
+def real_path(binlogs: int, repeat: int, relay: bool = False, tuples: bool = False,
+              warmup: int = 1) -> None:
     import tempfile
 
     from tests.support.cluster import Cluster
@@ -329,6 +331,12 @@ def real_path(binlogs: int, repeat: int, relay: bool = False, tuples: bool = Fal
         print(f"preloaded {total:,} binlogs over 3 pumps in {time.monotonic() - t:.1f}s "
               f"({', '.join(f'{p}: {n:,}' for p, n in counts.items())})", flush=True)
         base, ours, floor, tup = [], [], [], []
+        for w in range(warmup):
+            # Every side once, not counted: the first round of a fresh cluster ran 30-50% slower
+            # on every side (pumps' CPU included).
+            read_pumps(cluster, after, counts)
+            read_drainer(cluster, f"bench-warmup-{w}", after, total)
+            print(f"  warm-up round {w + 1} done (not counted)", flush=True)
         for r in range(repeat):
             base.append(read_pumps(cluster, after, counts))
             ours.append(read_drainer(cluster, f"bench-{r}", after, total))
@@ -373,6 +381,8 @@ def main() -> None:
     ap.add_argument("--binlogs", type=int, default=300_000)
     ap.add_argument("--real-repeat", type=int, default=3)
     ap.add_argument("--skip-in-process", action="store_true")
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="real path: rounds of the baseline and the drainer run first, not counted")
     ap.add_argument("--tuples", action="store_true",
                     help="real path: also time the drainer with columnar-merge = false")
     ap.add_argument("--relay-floor", action="store_true",
@@ -382,7 +392,7 @@ def main() -> None:
         in_process(args)
     if args.real:
         print()
-        real_path(args.binlogs, args.real_repeat, args.relay_floor, args.tuples)
+        real_path(args.binlogs, args.real_repeat, args.relay_floor, args.tuples, args.warmup)
 
 
 def in_process(args: argparse.Namespace) -> None:

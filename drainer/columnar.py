@@ -197,6 +197,7 @@ class ColumnarMerge:
         self._win_len = 0
         self._win_in_merger = True
         self.columnar_emitted = 0
+        self.tuple_switches: dict[str, int] = {}   # reason -> times (observability)
 
     # -- sources -------------------------------------------------------------------------------
 
@@ -208,7 +209,7 @@ class ColumnarMerge:
 
     def remove_source(self, source_id: str) -> bool:
         if self._segs.get(source_id):
-            self._to_merger()
+            self._tuple_route("a source left with transactions queued")
         self._segs.pop(source_id, None)
         return self.m.remove_source(source_id)
 
@@ -221,24 +222,35 @@ class ColumnarMerge:
         self.m.advance(source_id, watermark)
 
     def push(self, item: Any) -> None:
-        self._to_merger()
+        self._tuple_route("tuples pushed")
         self.m.push(item)
 
     def push_many(self, source_id: str, items: Sequence[Any]) -> None:
         if items:
-            self._to_merger()
+            self._tuple_route("tuples pushed")
         self.m.push_many(source_id, items)
 
     def push_segment(self, source_id: str, seg: Segment) -> None:
         src = self.m._get(source_id)
-        if (self.m.pending() or seg.first_ct <= self.m._mw or seg.first_ct < src.watermark):
-            # The Merger holds items (order), or this is a late copy / an order break: its rules.
-            self._to_merger()
+        why = ("the merge holds tuples" if self.m.pending() else
+               "at or below the merge watermark" if seg.first_ct <= self.m._mw else
+               "below the source's watermark" if seg.first_ct < src.watermark else None)
+        if why is not None:
+            # Order (the Merger holds items), a late copy or an order break: the Merger's rules.
+            self._tuple_route(why)
             self.m.push_many(source_id, seg.tuples(source_id))
             return
         self._segs[source_id].append(seg)
         self._queued += len(seg)
         src.watermark = seg.last_ct
+
+    def _tuple_route(self, why: str) -> None:
+        """Everything pending goes the Merger's way (counted, and said once per reason)."""
+        self.tuple_switches[why] = self.tuple_switches.get(why, 0) + 1
+        if self.tuple_switches[why] == 1:
+            log.info("columnar merge: tuple route taken (%s); it returns to columns once the "
+                     "merge has emitted what it holds", why)
+        self._to_merger()
 
     def _to_merger(self) -> None:
         """Make the Merger authoritative: its dedupe window (its pushes judge late copies by
@@ -288,7 +300,10 @@ class ColumnarMerge:
         if limit is not None and limit < 1:
             raise ValueError("limit must be >= 1")
         if not self._queued or self.m.pending():
-            self._to_merger()
+            if self._queued:
+                self._tuple_route("the merge holds tuples")
+            else:
+                self._to_merger()
             return self.m.pop_ready(limit)
         self._window_from_merger()
         bound = self.m._bound()
@@ -346,7 +361,7 @@ class ColumnarMerge:
     def _through_merger(self, parts: list[tuple[str, Segment]], order: pa.Array,
                         limit: int | None) -> list[Any]:
         items = [t for sid, p in parts for t in p.tuples(sid)]
-        self._to_merger()
+        self._tuple_route("a copy in a batch")
         # Ready and sorted: the Merger's staging, ahead of everything still buffered.
         self.m._staged = [items[i] for i in order.to_pylist()] + self.m._staged
         return self.m.pop_ready(limit)
@@ -382,6 +397,12 @@ class ColumnarMerge:
         if any(segs and segs[-1].last_ct > low.watermark for segs in self._segs.values()):
             return low.id
         return None
+
+    def summary(self) -> str:
+        """How much went which way (logged when the drainer stops)."""
+        emitted = self.m.stats().emitted
+        return (f"{self.columnar_emitted} of {emitted} transactions merged in columns"
+                + (f"; tuple route taken: {self.tuple_switches}" if self.tuple_switches else ""))
 
     def producer_positions(self) -> Any:
         return self.m.producer_positions()

@@ -870,6 +870,9 @@ class DrainerServer:
             if self.merger is not None:
                 await self._stop_readers()
                 await self._save_checkpoint()
+            summary = getattr(self.merger, "summary", None)
+            if summary is not None:
+                log.info("drainer %s: %s", self.name, summary())
             log.info("drainer %s stopped at checkpoint %d", self.name, self.durable_ts)
             raise _Stopped()
         if what in ("pause", "close"):
