@@ -193,6 +193,42 @@ def test_failover_copies_of_one_start_ts_are_emitted_once(cluster: Cluster, reti
     w.close()
 
 
+def test_failover_copies_are_emitted_once_by_a_drainer_merging_in_columns(
+        cluster: Cluster, retired: list[str]) -> None:
+    """The same through the grpc sink, whose drainer merges plain responses in columns
+    (drainer/columnar.py): the batch holding both copies takes the Merger's rules."""
+    from tests.support.cluster import Acked, drainer_pull
+    t0 = fresh_ts(cluster)
+    w = writer_for(cluster, "copies-col", seed=5)
+    retired.append("d-copies-col")
+    d = cluster.start_drainer("d-copies-col", sink="grpc", **{"initial-commit-ts": t0,
+                                                             "to.consumers": ["c1"]})
+    w.declare("pump-1")
+    w.write(200, PUMPS, group=50)
+    value, table, rows = w._random_txn()
+    s = w.ts.get()
+    for p in ("pump-2", "pump-3"):
+        w._write(p, [prewrite(s, value.SerializeToString(), producer=w.producer)])
+    c = w.ts.get()
+    for p in ("pump-2", "pump-3"):
+        w._write(p, [commit(s, c, producer=w.producer)])
+    w.acked.append(Acked(s, c, "pump-2", table, rows))
+    w.write(200, PUMPS, group=50)
+    want = {a.commit_ts for a in w.acked}
+    commits = [b for b in drainer_pull(d.addr, t0, want) if b.tp == pb.COMMIT]
+    cts = [b.commit_ts for b in commits]
+    assert cts == sorted(cts) and len(cts) == len(set(cts))
+    assert [b.start_ts for b in commits].count(s) == 1
+    assert set(cts) >= want
+    wait_until(lambda: d.metric("sluice_drainer_duplicates_dropped") >= 1, 5,
+               what="the dropped copy to be counted")
+    d.proc.stop()
+    log = d.proc.log_text()
+    assert "merges plain pump responses in columns" in log
+    assert "tuple route taken" in log
+    w.close()
+
+
 def test_crashed_pump_stalls_the_merge_and_loses_nothing(cluster: Cluster, retired: list[str],
                                                          registry: Registry) -> None:
     """A pump leaves the merge only by state, never because its heartbeat stopped: kill -9 a
