@@ -110,25 +110,33 @@ def ours(resps: list[list[bytes]]) -> tuple[dict[str, float], bytes]:
     times["reader"] = time.process_time() - t0
 
     merger = Merger(0)
-    for i in range(len(resps)):
-        merger.add_source(f"p{i}", 0)
-    by_pump = [[g for g in target.got if g[0] == f"p{i}"] for i in range(len(resps))]
-    order = [g for row in zip_longest(*by_pump) for g in row if g]
-    batches: list[list[Any]] = []
-    t0 = time.process_time()
-    for pump_id, items, wm in order:
-        merger.push_many(pump_id, items)
-        merger.advance(pump_id, wm)
-        while got := merger.pop_ready(limit=POP_LIMIT):
-            batches.append(got)
-    for i in range(len(resps)):
-        merger.advance(f"p{i}", 1 << 62)
-    while got := merger.pop_ready(limit=POP_LIMIT):
-        batches.append(got)
-    times["merge"] = time.process_time() - t0
+    batches = _merge(merger, target.got, len(resps), merger.push_many, times)
 
     return times, _sink_and_serve(batches, times,
                                   lambda sink, b: sink.apply_raw(list(map(_raw_fields, b))))
+
+
+def _merge(merge: Any, delivered: list[tuple[str, Any, int]], pumps: int,
+           push: Callable[[str, Any], None], times: dict[str, float]) -> list[Any]:
+    """Deliveries round-robin over the pumps, a pop after each (as the drainer's loop does),
+    then every pump far ahead and the last pops; the batches, timed as "merge"."""
+    for i in range(pumps):
+        merge.add_source(f"p{i}", 0)
+    by_pump = [[g for g in delivered if g[0] == f"p{i}"] for i in range(pumps)]
+    order = [g for row in zip_longest(*by_pump) for g in row if g]
+    batches: list[Any] = []
+    t0 = time.process_time()
+    for pump_id, items, wm in order:
+        push(pump_id, items)
+        merge.advance(pump_id, wm)
+        while got := merge.pop_ready(limit=POP_LIMIT):
+            batches.append(got)
+    for i in range(pumps):
+        merge.advance(f"p{i}", 1 << 62)
+    while got := merge.pop_ready(limit=POP_LIMIT):
+        batches.append(got)
+    times["merge"] = time.process_time() - t0
+    return batches
 
 
 def _sink_and_serve(batches: list[Any], times: dict[str, float],
@@ -178,22 +186,7 @@ def columns(resps: list[list[bytes]]) -> tuple[dict[str, float], bytes]:
     times["reader (segment)"] = time.process_time() - t0
 
     merge = ColumnarMerge(0)
-    for i in range(len(resps)):
-        merge.add_source(f"p{i}", 0)
-    by_pump = [[g for g in segs if g[0] == f"p{i}"] for i in range(len(resps))]
-    order = [g for row in zip_longest(*by_pump) for g in row if g]
-    batches: list[Any] = []
-    t0 = time.process_time()
-    for pump_id, seg, wm in order:
-        merge.push_segment(pump_id, seg)
-        merge.advance(pump_id, wm)
-        while got := merge.pop_ready(limit=POP_LIMIT):
-            batches.append(got)
-    for i in range(len(resps)):
-        merge.advance(f"p{i}", 1 << 62)
-    while got := merge.pop_ready(limit=POP_LIMIT):
-        batches.append(got)
-    times["merge"] = time.process_time() - t0
+    batches = _merge(merge, segs, len(resps), merge.push_segment, times)
     assert merge.columnar_emitted == sum(map(len, batches)), "left the columnar route"
     return times, _sink_and_serve(batches, times, lambda sink, b: sink.apply_columns(b))
 

@@ -165,6 +165,21 @@ def test_a_slow_sink_holds_the_pump_readers_back(cluster: Cluster, retired: list
     w.close()
 
 
+def write_copies(w: TxnWriter) -> int:
+    """The same transaction (same start_ts, commit_ts, content) on pump-2 and pump-3, acked
+    once; its start_ts."""
+    from tests.support.cluster import Acked
+    value, table, rows = w._random_txn()
+    s = w.ts.get()
+    for p in ("pump-2", "pump-3"):
+        w._write(p, [prewrite(s, value.SerializeToString(), producer=w.producer)])
+    c = w.ts.get()
+    for p in ("pump-2", "pump-3"):
+        w._write(p, [commit(s, c, producer=w.producer)])
+    w.acked.append(Acked(s, c, "pump-2", table, rows))
+    return s
+
+
 def test_failover_copies_of_one_start_ts_are_emitted_once(cluster: Cluster, retired: list[str]) -> None:
     """One transaction, one commit_ts: a later copy of an emitted start_ts (failover copy on
     another pump) is dropped."""
@@ -174,16 +189,7 @@ def test_failover_copies_of_one_start_ts_are_emitted_once(cluster: Cluster, reti
     d = cluster.start_drainer("d-copies", **{"initial-commit-ts": t0})
     w.declare("pump-1")
     w.write(50, PUMPS, group=50)
-    # The same transaction (same start_ts, commit_ts, content) on pump-2 and pump-3.
-    value, table, rows = w._random_txn()
-    s = w.ts.get()
-    for p in ("pump-2", "pump-3"):
-        w._write(p, [prewrite(s, value.SerializeToString(), producer=w.producer)])
-    c = w.ts.get()
-    for p in ("pump-2", "pump-3"):
-        w._write(p, [commit(s, c, producer=w.producer)])
-    from tests.support.cluster import Acked
-    w.acked.append(Acked(s, c, "pump-2", table, rows))
+    s = write_copies(w)
     w.write(50, PUMPS, group=50)
     wait_sink_has(cluster, "d-copies", w)
     got = check_exactly_once(d.out_dir, w.acked)
@@ -197,7 +203,7 @@ def test_failover_copies_are_emitted_once_by_a_drainer_merging_in_columns(
         cluster: Cluster, retired: list[str]) -> None:
     """The same through the grpc sink, whose drainer merges plain responses in columns
     (drainer/columnar.py): the batch holding both copies takes the Merger's rules."""
-    from tests.support.cluster import Acked, drainer_pull
+    from tests.support.cluster import drainer_pull
     t0 = fresh_ts(cluster)
     w = writer_for(cluster, "copies-col", seed=5)
     retired.append("d-copies-col")
@@ -205,14 +211,7 @@ def test_failover_copies_are_emitted_once_by_a_drainer_merging_in_columns(
                                                              "to.consumers": ["c1"]})
     w.declare("pump-1")
     w.write(200, PUMPS, group=50)
-    value, table, rows = w._random_txn()
-    s = w.ts.get()
-    for p in ("pump-2", "pump-3"):
-        w._write(p, [prewrite(s, value.SerializeToString(), producer=w.producer)])
-    c = w.ts.get()
-    for p in ("pump-2", "pump-3"):
-        w._write(p, [commit(s, c, producer=w.producer)])
-    w.acked.append(Acked(s, c, "pump-2", table, rows))
+    s = write_copies(w)
     w.write(200, PUMPS, group=50)
     want = {a.commit_ts for a in w.acked}
     commits = [b for b in drainer_pull(d.addr, t0, want) if b.tp == pb.COMMIT]
