@@ -174,7 +174,7 @@ class PumpReader:
             call.cancel()
 
     def _response_segment(self, raw: bytes, resp: pb.PullBinlogsResp) -> bool:
-        """A plain packed response as one Segment (drainer.columnar); False when it does not
+        """A plain packed response as Segments (drainer.columnar); False when it does not
         qualify (producer positions, arrays that do not match): the tuple path reads it."""
         assert self._segment is not None
         got = self._segment(raw, resp, self.after)
