@@ -281,6 +281,21 @@ class SourceWorkload:
             while cur.nextset():
                 pass
 
+    def commit_retrying(self, sql: str, attempts: int = 5) -> None:
+        """One transaction, retried as an application would when InnoDB chose it as a deadlock
+        victim (1213) or its lock wait timed out (1205): the server rolled it back whole, so the
+        same statements run again (the workload's model of the rows stays right). A test's own
+        concurrent UPDATE on the source can make either happen."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.execute(sql)
+                return
+            except pymysql.err.OperationalError as e:
+                if e.args[0] not in (1205, 1213) or attempt == attempts:
+                    raise
+                self.conn.rollback()
+                time.sleep(0.05 * attempt)
+
     def close(self) -> None:
         self.conn.close()
 
@@ -435,7 +450,7 @@ class SourceWorkload:
         for _ in range(n):
             if stop is not None and stop.is_set():
                 break
-            self.execute("START TRANSACTION;" + ";".join(self.transaction()) + ";COMMIT")
+            self.commit_retrying("START TRANSACTION;" + ";".join(self.transaction()) + ";COMMIT")
             done += 1
             if rate:
                 ahead = started + done / rate - time.monotonic()
