@@ -322,8 +322,8 @@ class ColumnarMerge:
         taken = 0
         while taken < want:
             # As the Merger: merge in steps, each source cut where the step's share of what is
-            # wanted ends, so a large backlog is merged in pieces (and a limit is kept to within
-            # one transaction per source).
+            # wanted ends, so a large backlog is merged in pieces (and a pop takes `want` to
+            # within one transaction per source).
             busy = sum(1 for segs in self._segs.values() if segs)
             cap = max(1, min(_CHUNK, (want - taken) // max(1, busy)))
             step = bound
