@@ -14,7 +14,9 @@ import argparse
 import datetime as _dt
 import decimal
 import json
+import re
 import sys
+import time
 import tomllib
 from typing import Any
 
@@ -123,6 +125,34 @@ def register_as_of(spark: Any, meta_db: str, commit_ts: int) -> list[str]:
     return names
 
 
+# A read planned while the sink's compaction or retention changes the catalog can find a
+# partition row or a file gone between listing and reading (CI: "MetaException(message:No such
+# database row)" in a third JVM during merges). Such a read-only query is run again; the next
+# plan sees the catalog after the change (views read only committed batches either way).
+_TRANSIENT = ("No such database row", "NoSuchObjectException", "FileNotFoundException")
+_READ_ONLY = re.compile(r"^\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXPLAIN)\b", re.IGNORECASE)
+_ATTEMPTS = 3
+
+
+def _query(spark: Any, statements: list[str], limit: int) -> tuple[list[str], list[list[Any]]]:
+    """(columns, rows) of the last statement, a read-only query retried on a catalog race."""
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            df = None
+            for stmt in statements:
+                df = spark.sql(stmt)
+            assert df is not None
+            return df.columns, [[_plain(v) for v in r] for r in df.limit(limit).collect()]
+        except Exception as e:
+            if (attempt == _ATTEMPTS or not all(map(_READ_ONLY.match, statements))
+                    or not any(m in str(e) for m in _TRANSIENT)):
+                raise
+            sys.stderr.write("sluice spark-sql: the catalog changed under the query (a "
+                             "compaction or retention pass); running it again\n")
+            time.sleep(0.5 * attempt)
+    raise AssertionError("unreachable")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.limit <= 0:
         raise InvalidArgument("--limit must be positive")
@@ -132,12 +162,7 @@ def run(args: argparse.Namespace) -> int:
         if args.as_of is not None:
             meta = args.meta_database or _to_table(args).get("meta-database") or "sluice"
             register_as_of(spark, meta, args.as_of)
-        df = None
-        for stmt in args.sql:
-            df = spark.sql(stmt)
-        assert df is not None
-        columns = df.columns
-        rows = [[_plain(v) for v in r] for r in df.limit(args.limit).collect()]
+        columns, rows = _query(spark, list(args.sql), args.limit)
         if args.json:
             for r in rows:
                 sys.stdout.write(json.dumps(dict(zip(columns, r)), ensure_ascii=False) + "\n")
