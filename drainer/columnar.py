@@ -109,6 +109,14 @@ class ColumnBatch:
     def last_ct(self) -> int:
         return _mv(self.cts, "q")[-1]
 
+    def views(self) -> tuple[memoryview, memoryview, memoryview]:
+        """(commit_ts, len + 1 binlog offsets, binlog data) over the arrays' buffers: transaction
+        k's framed binlogs are data[offsets[k]:offsets[k + 1]] (what the grpc sink keeps)."""
+        bins = self.bins
+        start = bins.offset * 4
+        offsets = memoryview(bins.buffers()[1])[start:start + (len(bins) + 1) * 4].cast("i")
+        return _mv(self.cts, "q"), offsets, memoryview(bins.buffers()[2])
+
     def tuples(self, source_id: str = "") -> list[tuple]:
         """As the Merger's items (tests compare the two routes with these)."""
         return Segment(self.cts, self.sts, self.bins).tuples(source_id)

@@ -172,13 +172,7 @@ class GrpcSink(Sink):
         """A merged drainer.columnar.ColumnBatch, kept as its arrays' buffers."""
         if not len(batch):
             return
-        bins = batch.bins
-        width = 4
-        offs = memoryview(bins.buffers()[1])[bins.offset * width:(bins.offset + len(bins) + 1)
-                                             * width].cast("i")
-        cts = memoryview(batch.cts.buffers()[1])[batch.cts.offset * 8:(batch.cts.offset
-                                                                       + len(batch.cts)) * 8]
-        self._append(_Chunk(cts.cast("q"), offs, memoryview(bins.buffers()[2])))
+        self._append(_Chunk(*batch.views()))
 
     def _append(self, chunk: _Chunk) -> None:
         n = len(chunk.cts)
