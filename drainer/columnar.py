@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Segment", "ColumnBatch", "ColumnarMerge", "segment"]
 
 _FRAME_TAG = 0x0A
-_F_CTS, _F_STS, _F_END, _F_FAKE, _F_POS = 5, 6, 7, 8, 9
+_F_CTS, _F_STS, _F_END, _F_FAKE = 5, 6, 7, 8   # PullBinlogsResp packed fields
 _CHUNK = 4096
 _MIN_POP = 8192
 
