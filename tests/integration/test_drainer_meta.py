@@ -141,11 +141,13 @@ def test_drainer_filters_positions_and_drops_copies_from_envelopes(cluster: Clus
     w1.txn(schema_value(info), offset=100)
     keep = w1.txn(row_value(info, 1, "one"), offset=200)
     replayed = w1.txn(row_value(info, 2, "replayed"), offset=150)   # behind: dropped
-    # A replica: the same transaction on both pumps.
+    # A replica: the same transaction on both pumps. The commit_ts is fetched after both
+    # prewrite acks, as the protocol asks: fetched earlier, a pump's heartbeat can pass it.
     s = w1.ts.get()
-    c = w1.ts.get()
     for w in (w1, w2):
         w.write(prewrite(s, row_value(info, 3, "copied"), producer=PRODUCER))
+    c = w1.ts.get()
+    for w in (w1, w2):
         w.write(commit(s, c, producer=PRODUCER, position=pb.Position(file_seq=1, offset=300)))
     d = cluster.start_drainer("drainer-meta", sink="file", **{"initial-commit-ts": after})
 
