@@ -310,7 +310,8 @@ class DrainerServer:
         self._applied_positions = dict(positions)
         self._position_log.clear()
         if self._columnar:
-            from sluice.drainer.columnar import ColumnarMerge
+            from sluice.drainer.columnar import ColumnarMerge, warm_up
+            warm_up()
             self.merger = ColumnarMerge(self.durable_ts, positions, self.config.dedupe_window)  # type: ignore[assignment]
             log.info("drainer %s merges plain pump responses in columns (sink %s)", self.name,
                      self.config.sink)
