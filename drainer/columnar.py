@@ -49,6 +49,9 @@ _FRAME_TAG = 0x0A
 _F_CTS, _F_STS, _F_END, _F_FAKE = 5, 6, 7, 8   # PullBinlogsResp packed fields
 _CHUNK = 4096
 _MIN_POP = 8192
+# Merged batches come from the C library's allocator, whose freed blocks the drainer keeps for
+# reuse (core/memory.py); pyarrow's default pool returned them and each batch faulted in anew.
+_POOL = pa.system_memory_pool()
 
 
 def _mv(arr: pa.Array, fmt: str) -> memoryview:
@@ -384,10 +387,11 @@ class ColumnarMerge:
             return []
         # Contiguous copies first: a take from one array is cheaper than from chunks.
         one = len(parts) == 1
-        cts = parts[0][1].cts if one else pa.concat_arrays([p.cts for _, p in parts])
-        order = pc.array_sort_indices(cts)
-        cts = cts.take(order)
-        sts = (parts[0][1].sts if one else pa.concat_arrays([p.sts for _, p in parts])).take(order)
+        cts = parts[0][1].cts if one else pa.concat_arrays([p.cts for _, p in parts], _POOL)
+        order = pc.array_sort_indices(cts, memory_pool=_POOL)
+        cts = pc.take(cts, order, memory_pool=_POOL)
+        sts = pc.take(parts[0][1].sts if one else pa.concat_arrays([p.sts for _, p in parts], _POOL),
+                      order, memory_pool=_POOL)
         n = len(cts)
         # A start_ts twice in the batch: a copy of a transaction (same commit_ts), or copies
         # that disagree on it (§2.5). Either way the Merger's rules decide.
@@ -395,8 +399,8 @@ class ColumnarMerge:
         # is judged at its push, against the window handed to the Merger.)
         if n > 1 and pc.count_distinct(sts).as_py() != n:
             return self._through_merger(parts, order, limit)
-        bins = parts[0][1].bins if one else pa.concat_arrays([p.bins for _, p in parts])
-        batch = ColumnBatch(cts, sts, bins.take(order))
+        bins = parts[0][1].bins if one else pa.concat_arrays([p.bins for _, p in parts], _POOL)
+        batch = ColumnBatch(cts, sts, pc.take(bins, order, memory_pool=_POOL))
         self._win.append((sts, cts))
         self._win_len += n
         while self._win_len - len(self._win[0][0]) >= 2 * self._window:
@@ -488,5 +492,6 @@ def _cut(segs: list[Segment], bound: int) -> Segment | None:
         return None
     if len(out) == 1:
         return out[0]
-    return Segment(pa.concat_arrays([s.cts for s in out]), pa.concat_arrays([s.sts for s in out]),
-                   pa.concat_arrays([s.bins for s in out]))
+    return Segment(pa.concat_arrays([s.cts for s in out], _POOL),
+                   pa.concat_arrays([s.sts for s in out], _POOL),
+                   pa.concat_arrays([s.bins for s in out], _POOL))

@@ -46,6 +46,7 @@ from sluice.core import errors, failpoint, grpcutil
 from sluice.core import log as logsetup
 from sluice.core import ts as tsmod
 from sluice.core.etcd import Etcd
+from sluice.core.memory import retain_freed_memory
 from sluice.core.position import is_empty
 from sluice.core.registry import NodeInfo, NodeKind, NodeState, NodeStatus, Registry
 from sluice.core.tso_client import TSOClient
@@ -107,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     logsetup.setup(args.log_level, args.log_file)
     check_prerequisites(config)
     tune_gc()
+    retain_freed_memory()
     return asyncio.run(DrainerServer(config).run_forever())
 
 
