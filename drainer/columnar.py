@@ -397,7 +397,7 @@ class ColumnarMerge:
         # that disagree on it (§2.5). Either way the Merger's rules decide.
         # (A copy of an already emitted transaction arrives at or below the merge watermark and
         # is judged at its push, against the window handed to the Merger.)
-        if n > 1 and pc.count_distinct(sts).as_py() != n:
+        if n > 1 and _repeats(sts):
             return self._through_merger(parts, order, limit)
         bins = parts[0][1].bins if one else pa.concat_arrays([p.bins for _, p in parts], _POOL)
         batch = ColumnBatch(cts, sts, pc.take(bins, order, memory_pool=_POOL))
@@ -463,6 +463,13 @@ class ColumnarMerge:
 
     def stats(self) -> MergeStats:
         return self.m.stats()
+
+
+def _repeats(values: pa.Array) -> bool:
+    """Whether a value occurs twice (by sorting: half the CPU of count_distinct's hashing)."""
+    s = pc.take(values, pc.array_sort_indices(values, memory_pool=_POOL), memory_pool=_POOL)
+    n = len(s)
+    return bool(pc.any(pc.equal(s.slice(1), s.slice(0, n - 1))).as_py())
 
 
 def _nth_ct(segs: list[Segment], n: int) -> int | None:
