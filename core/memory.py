@@ -7,7 +7,7 @@ than its trim threshold is free; either way the next buffer of that size is new 
 every 4 KiB page of it faults on first touch. On this project's test VMs that is ~0.5 ms per
 MiB, the same order as copying the bytes: measured in a drainer's merge (drainer/columnar.py),
 the CPU of the same pops varied 22-128 ms per 300k binlogs with the defaults and 22-34 ms with
-freed memory kept (docs/benchmarks.md).
+freed memory kept and the merged batches taken from this allocator (docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -196,10 +196,11 @@ def segment(raw: bytes, resp: pb.PullBinlogsResp, after: int) -> tuple[list[Segm
     return pieces, top
 
 
-def warm_up() -> None:
+def warm_up() -> bool:
     """Run every Arrow kernel of this module once on a tiny made-up response: the first call of
     each loads it (measured: ~7 ms for the first `segment`), which belongs to start-up, not to
-    the first pump response."""
+    the first pump response. False (said in the log) if the made-up response left the columnar
+    route: a bug, but responses would still be merged, as tuples where they must."""
     bodies = [b"\x08\x01", b"\x08\x02", b"\x08\x03"]
     resp = pb.PullBinlogsResp(binlogs=bodies)
     ends, end = [], 0
@@ -212,17 +213,20 @@ def warm_up() -> None:
     resp.fake_index.append(1)
     raw = resp.SerializeToString()
     got = segment(raw, pb.PullBinlogsResp.FromString(raw), 0)
-    if got is None:
-        raise AssertionError("columnar warm-up: the made-up response did not segment")
-    merge = ColumnarMerge(0)
-    merge.add_source("warm-up", 0)
-    for piece in got[0]:
-        merge.push_segment("warm-up", piece)
-    merge.advance("warm-up", 40)
-    batch = merge.pop_ready(8)
+    batch: Any = None
+    if got is not None:
+        merge = ColumnarMerge(0)
+        merge.add_source("warm-up", 0)
+        for piece in got[0]:
+            merge.push_segment("warm-up", piece)
+        merge.advance("warm-up", 40)
+        batch = merge.pop_ready(8)
     if not isinstance(batch, ColumnBatch):
-        raise AssertionError("columnar warm-up: the made-up response left the columnar route")
+        log.warning("columnar merge warm-up: a made-up plain response did not take the columnar "
+                    "route (segment %s); merging goes on", "refused it" if got is None else "ok")
+        return False
     batch.views()
+    return True
 
 
 class ColumnarMerge:
@@ -350,7 +354,7 @@ class ColumnarMerge:
         if not self._queued or self.m.pending():
             # Nothing queued here: the Merger pops alone. Its dedupe dicts need no sync: they
             # are handed over whenever items enter it (_to_merger), and an empty pop only moves
-            # the watermark (syncing them on every idle pop cost ~1/3 of a raw drainer's CPU).
+            # the watermark (syncing them on every idle pop: 6% of a raw drainer's busy samples).
             if self._queued:
                 self._tuple_route("the merge holds tuples")
             return self.m.pop_ready(limit)
