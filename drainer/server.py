@@ -312,8 +312,7 @@ class DrainerServer:
         self._applied_positions = dict(positions)
         self._position_log.clear()
         if self._columnar:
-            from sluice.drainer.columnar import ColumnarMerge, warm_up
-            warm_up()
+            from sluice.drainer.columnar import ColumnarMerge
             self.merger = ColumnarMerge(self.durable_ts, positions, self.config.dedupe_window)  # type: ignore[assignment]
             log.info("drainer %s merges plain pump responses in columns (sink %s)", self.name,
                      self.config.sink)
@@ -361,6 +360,9 @@ class DrainerServer:
         # A sink taking merged columns gets them from a ColumnarMerge (drainer/columnar.py).
         self._columnar = (self.config.columnar_merge and self._raw
                           and hasattr(self.sink, "apply_columns"))
+        if self._columnar:
+            from sluice.drainer.columnar import warm_up
+            warm_up()   # once per process, not per merger (checkpoint set renews the merger)
         set_replay = getattr(self.sink, "set_replay", None)
         if set_replay is not None:
             set_replay(self._open_replay)
