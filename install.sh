@@ -10,8 +10,7 @@ APT_PACKAGES=(
   mariadb-server mariadb-client      # capture source, MySQL sink, outbox
   redis-server                       # pump benchmark baseline
   sysbench                           # realistic OLTP load
-  default-jre-headless               # Spark
-  libderby-java libderbyclient-java  # Derby network server: shared Hive metastore
+  default-jre-headless maven         # Spark; Maven fetches the pinned Iceberg runtime jar
   procps psmisc                      # ps/pkill in tests and cluster status
 )
 
@@ -30,6 +29,21 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# The Spark sink's JVM jars, pinned, from Maven Central into jars/ (spark.jars points there);
+# nothing is downloaded at run time. The Iceberg runtime must match pyspark's minor version.
+JARS=(
+  org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0
+  org.xerial:sqlite-jdbc:3.54.1.0
+)
+mkdir -p jars
+for a in "${JARS[@]}"; do
+  IFS=: read -r _g art ver <<<"$a"
+  if [ ! -f "jars/$art-$ver.jar" ]; then
+    echo "install.sh: mvn dependency:copy $a"
+    mvn -q -B dependency:copy -Dartifact="$a" -DoutputDirectory="$PWD/jars" -Dmdep.overWriteIfNewer=true
+  fi
+done
+
 stamp=.venv/.requirements.sha
 want=$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then

@@ -1,131 +1,228 @@
-"""Partition registration on the sink's hot path, straight on the Hive metastore client.
+"""The Iceberg catalog as the sink uses it: tables, schema operations, properties, snapshots.
 
-`ALTER TABLE t ADD PARTITION (...) LOCATION '...'` as SQL also parses and analyzes the
-statement, refreshes the table through the public catalog API and recomputes its size
-statistics, and Spark's catalog layers each fetch the table again before the metastore fetches
-it once more itself: measured on Derby, 156 JDBC statements per partition, every one a round
-trip to the metastore server. Under load those round trips are what a batch waits for (a batch
-registers one raw partition per table it touches, then its commit point). Here the partition is
-built from the table's own storage descriptor (fetched once per table) and handed to the Hive
-metastore client Spark's catalog wraps: 35–40 statements and five py4j calls. The session's
-cached relation of the table is invalidated after, as the SQL command does.
+Every schema operation is idempotent against the table as it is (`apply_ops` checks the live
+schema before each step), so a DDL replayed after a crash between two steps finishes the
+change instead of failing or doing it twice.
 
-Invariant: the result is the SQL statement's — the partition's values, qualified location and
-storage are what `ALTER TABLE ... ADD PARTITION` stores (the test compares them); if the JVM
-classes do not have the shapes this module was written against (another Spark or Hive
-version), it says so once and runs the SQL instead. An existing partition is a no-op with
-`if_not_exists` and PartitionExists without (the commit point relies on the refusal).
+Commit properties: Iceberg's Spark writes put `CommitMetadata`'s thread-local properties into the
+snapshot summary of every commit the calling thread makes (SQL MERGE and DELETE included), which
+is how the sink's checkpoint (drainer, epoch, batch, commit_ts) lands in the same commit as the
+data. PySpark pins each Python thread to one JVM thread, so the property set here is the one the
+JVM commit reads.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
-import time
+from collections.abc import Iterator
 from typing import Any
 
 from sluice.core.errors import SluiceError
-from sluice.spark_sink.layout import q
+from sluice.spark_sink.tables import (CHANGELOG_META, CURRENT_META, Op, TableState, UnmappableChange, q,
+                                      sql_str)
 
 log = logging.getLogger(__name__)
 
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    # Copy-on-write: readers (any engine, pyiceberg included) read plain data files; the sink's
+    # batches rewrite only the files holding changed keys (docs/spark.md measures both modes).
+    "write.merge.mode": "copy-on-write",
+    "write.update.mode": "copy-on-write",
+    "write.delete.mode": "copy-on-write",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+}
+SUMMARY_PREFIX = "sluice."
 
-class PartitionExists(SluiceError):
-    """ADD PARTITION without IF NOT EXISTS met an existing partition."""
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """The sink's checkpoint as a snapshot summary carries it."""
+
+    drainer: str
+    epoch: int
+    batch: int
+    commit_ts: int
+
+    def props(self, **extra: str) -> dict[str, str]:
+        return {"sluice.drainer": self.drainer, "sluice.epoch": str(self.epoch),
+                "sluice.batch": str(self.batch), "sluice.commit-ts": str(self.commit_ts), **extra}
+
+    @classmethod
+    def of(cls, summary: dict[str, str] | None) -> Summary | None:
+        """The sink's summary in a snapshot's, or None for a snapshot the sink did not make
+        (a fence carries only drainer and epoch: see epoch_of)."""
+        if not summary or "sluice.commit-ts" not in summary:
+            return None
+        return cls(summary.get("sluice.drainer", ""), int(summary.get("sluice.epoch", "0")),
+                   int(summary.get("sluice.batch", "0")), int(summary["sluice.commit-ts"]))
 
 
-def _already_exists(e: BaseException) -> bool:
-    text = str(e)
-    return "AlreadyExists" in text or "PARTITIONS_ALREADY_EXIST" in text
+def epoch_of(summary: dict[str, str] | None) -> tuple[str, int] | None:
+    """(drainer, epoch) of any snapshot the sink made, fences included."""
+    if not summary or "sluice.epoch" not in summary:
+        return None
+    return summary.get("sluice.drainer", ""), int(summary["sluice.epoch"])
 
 
-def _exists(db: str, table: str, spec: dict[str, int]) -> PartitionExists:
-    return PartitionExists(f"partition {spec} of {db}.{table} exists")
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """What a table's main branch says about the sink: its head snapshot, the newest data
+    summary on its ancestry, and the highest (drainer, epoch) of the snapshots above it."""
+
+    snapshot: int | None
+    summary: Summary | None
+    top: tuple[str, int] | None
 
 
-class PartitionAdder:
-    """`add(db, table, spec, location, if_not_exists=True)`: ADD PARTITION, on one session.
+class Catalog:
+    """One Spark catalog (`spark.sql.catalog.<name>`), as seen from one SparkSession."""
 
-    Every py4j call is a round trip that needs the GIL back, which the drainer's decoding holds
-    in the meantime: the metastore client, each table's storage descriptor and partition keys
-    are looked up once, and an add makes five calls. Call from one thread at a time."""
+    def __init__(self, spark: Any, name: str) -> None:
+        self.spark = spark
+        self.name = name
+        jvm = spark._jvm
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        cls = jvm.java.lang.Class.forName("org.apache.iceberg.spark.CommitMetadata", True, loader)
+        field = cls.getDeclaredField("COMMIT_PROPERTIES")
+        field.setAccessible(True)
+        self._commit_props = field.get(None)   # a ThreadLocal<Map<String, String>>
 
-    def __init__(self, spark: Any) -> None:
-        self._spark = spark
-        self._direct = True
-        self._jvm: dict[str, Any] = {}
-        self._tables: dict[tuple[str, str], tuple[Any, Any, list[str]]] = {}
+    def ident(self, db: str, table: str, branch: str = "") -> str:
+        parts = [self.name, db, table] + ([f"branch_{branch}"] if branch else [])
+        return q(*parts)
 
-    def add(self, db: str, table: str, spec: dict[str, int], location: str,
-            if_not_exists: bool = True) -> None:
-        if self._direct:
-            from py4j.protocol import Py4JError, Py4JJavaError
-            try:
-                self._add_direct(db, table, spec, location, if_not_exists)
-                return
-            except Py4JJavaError as e:
-                # The metastore's own answer: the SQL statement would meet it too.
-                if _already_exists(e):
-                    raise _exists(db, table, spec) from e
-                raise
-            except (Py4JError, TypeError, AttributeError) as e:
-                # A method or class of another shape (a JavaPackage is not callable): fall back.
-                log.warning("registering partitions on the metastore client failed (%s); "
-                            "using ALTER TABLE statements", str(e).splitlines()[0])
-                self._direct = False
-        parts = ", ".join(f"{q(k)}={v}" for k, v in spec.items())
+    def sql(self, text: str) -> Any:
+        return self.spark.sql(text)
+
+    @contextlib.contextmanager
+    def commit_properties(self, props: dict[str, str]) -> Iterator[None]:
+        """Every commit this thread makes inside carries props in its snapshot summary."""
+        m = self.spark._jvm.java.util.HashMap()
+        for k, v in props.items():
+            m.put(k, v)
+        self._commit_props.set(m)
         try:
-            self._spark.sql(f"ALTER TABLE {q(db, table)} ADD "
-                            f"{'IF NOT EXISTS ' if if_not_exists else ''}PARTITION ({parts}) "
-                            f"LOCATION '{location}'")
-        except Exception as e:  # noqa: BLE001 - only the refusal of an existing one is ours
-            if not if_not_exists and _already_exists(e):
-                raise _exists(db, table, spec) from e
-            raise
+            yield
+        finally:
+            self._commit_props.set(self.spark._jvm.java.util.HashMap())
 
-    def forget(self) -> None:
-        """Look the tables up again (after a change to a table's definition)."""
-        self._tables.clear()
+    # -- tables --------------------------------------------------------------------------------
 
-    def _classes(self) -> dict[str, Any]:
-        if not self._jvm:
-            jvm = self._spark._jvm
-            catalog = self._spark._jsparkSession.sessionState().catalog()
-            # ExternalCatalogWithListener -> HiveExternalCatalog -> HiveClientImpl -> Hive
-            hive = catalog.externalCatalog().unwrapped().client().client()
-            utils = jvm.org.apache.spark.sql.catalyst.catalog.CatalogUtils
-            # How the SQL command stores a location: qualified on the default file system
-            # ("/x" -> "file:/x"); one prefix serves every absolute path without a scheme.
-            root = utils.URIToString(catalog.makeQualifiedPath(utils.stringToURI("/")))
-            self._jvm.update(
-                catalog=catalog, msc=hive.getMSC(), api=jvm.org.apache.hadoop.hive.metastore.api,
-                ident=jvm.org.apache.spark.sql.catalyst.TableIdentifier, some=jvm.scala.Some,
-                prefix=root[:-1] if root.endswith("/") else None, utils=utils)
-        return self._jvm
+    def create_namespace(self, db: str) -> None:
+        self.sql(f"CREATE NAMESPACE IF NOT EXISTS {q(self.name, db)}")
 
-    def _qualified(self, location: str) -> str:
-        c = self._jvm
-        if location.startswith("/") and c["prefix"] is not None:
-            return c["prefix"] + location
-        u = c["utils"]
-        return str(u.URIToString(c["catalog"].makeQualifiedPath(u.stringToURI(location))))
+    def exists(self, db: str, table: str) -> bool:
+        return bool(self.spark.catalog.tableExists(f"{self.name}.{db}.{table}"))
 
-    def _add_direct(self, db: str, table: str, spec: dict[str, int], location: str,
-                    if_not_exists: bool) -> None:
-        c = self._classes()
-        entry = self._tables.get((db, table))
-        if entry is None:
-            hive_table = c["msc"].getTable(db, table)
-            keys = [k.getName() for k in hive_table.getPartitionKeys()]
-            entry = self._tables[(db, table)] = (c["ident"](table, c["some"](db)),
-                                                 hive_table.getSd(), keys)
-        ident, table_sd, keys = entry
-        if sorted(spec) != sorted(keys):
-            raise SluiceError(f"partition spec {spec} does not name {db}.{table}'s partition "
-                              f"columns {keys}")
-        values = [str(spec[k]) for k in keys]
-        # What Hive's Partition.createMetaPartitionObject builds for the SQL command: a deep
-        # copy of the table's storage descriptor at the partition's location.
-        sd = c["api"].StorageDescriptor(table_sd)
-        sd.setLocation(self._qualified(location))
-        part = c["api"].Partition(values, db, table, int(time.time()), 0, sd, {})
-        c["msc"].add_partitions([part], if_not_exists, False)
-        c["catalog"].refreshTable(ident)
+    def columns(self, db: str, table: str) -> dict[str, tuple[str, str]]:
+        """lower-case name -> (name, Spark type DDL) of the live table."""
+        schema = self.spark.table(f"{self.name}.{db}.{table}").schema
+        return {f.name.lower(): (f.name, f.dataType.simpleString().upper()) for f in schema.fields}
+
+    def create_table(self, db: str, table: str, columns: list[tuple[str, str]],
+                     props: dict[str, str]) -> None:
+        self.create_namespace(db)
+        cols = ", ".join(f"{q(n)} {t}" for n, t in columns)
+        allp = {**TABLE_PROPERTIES, **props}
+        tp = ", ".join(f"'{k}' = '{v}'" for k, v in allp.items())
+        self.sql(f"CREATE TABLE IF NOT EXISTS {self.ident(db, table)} ({cols}) USING iceberg "
+                 f"TBLPROPERTIES ({tp})")
+
+    def drop_table(self, db: str, table: str) -> None:
+        # Not PURGE: the files stay for time travel until maintenance removes orphans.
+        self.sql(f"DROP TABLE IF EXISTS {self.ident(db, table)}")
+
+    def rename_table(self, db: str, table: str, new_db: str, new_table: str) -> None:
+        if not self.exists(db, table) or self.exists(new_db, new_table):
+            return
+        self.create_namespace(new_db)
+        # The new name is relative to the catalog (a catalog prefix would read as a namespace).
+        self.sql(f"ALTER TABLE {self.ident(db, table)} RENAME TO {q(new_db, new_table)}")
+
+    def properties(self, db: str, table: str) -> dict[str, str]:
+        rows = self.sql(f"SHOW TBLPROPERTIES {self.ident(db, table)}").collect()
+        return {r[0]: r[1] for r in rows}
+
+    def set_properties(self, db: str, table: str, props: dict[str, str]) -> None:
+        tp = ", ".join(f"'{k}' = {sql_str(v)}" for k, v in props.items())
+        self.sql(f"ALTER TABLE {self.ident(db, table)} SET TBLPROPERTIES ({tp})")
+
+    # -- schema operations ---------------------------------------------------------------------
+
+    def create_for(self, st: TableState, which: str, props: dict[str, str]) -> None:
+        if which == "changelog":
+            self.create_table(st.db, st.changelog, [*CHANGELOG_META, *st.changelog_columns()], props)
+        else:
+            self.create_table(st.db, st.name, [*st.current_columns(), *CURRENT_META], props)
+
+    def apply_ops(self, st: TableState, ops: list[Op], props: dict[str, str],
+                  recast: Any = None) -> None:
+        """Bring st's tables to st's shape; each op only where the live table still needs it.
+        `recast(st, op)` rewrites a current-table column to a type Iceberg cannot promote to."""
+        for op in ops:
+            table = st.changelog if op.table == "changelog" else st.name
+            if op.kind == "create":
+                self.create_for(st, op.table, props)
+                continue
+            if op.kind == "drop_table":
+                self.drop_table(st.db, table)
+                continue
+            if not self.exists(st.db, table):
+                continue
+            live = self.columns(st.db, table)
+            t = self.ident(st.db, table)
+            have = live.get(op.column.lower())
+            if op.kind == "add":
+                if have is None:
+                    self.sql(f"ALTER TABLE {t} ADD COLUMN {q(op.column)} {op.to}")
+                elif have[1] != op.to:
+                    raise UnmappableChange(f"spark sink: table {st.db}.{table} column "
+                                           f"{op.column}: exists as {have[1]}, wanted {op.to}")
+            elif op.kind == "drop":
+                if have is not None:
+                    self.sql(f"ALTER TABLE {t} DROP COLUMN {q(op.column)}")
+            elif op.kind == "rename":
+                # A target that exists is this rename done before a crash (targets are names
+                # no other column of the state has).
+                if have is not None and op.to.lower() not in live:
+                    self.sql(f"ALTER TABLE {t} RENAME COLUMN {q(op.column)} TO {q(op.to)}")
+            elif op.kind == "widen":
+                if have is not None and have[1] != op.to:
+                    self.sql(f"ALTER TABLE {t} ALTER COLUMN {q(op.column)} TYPE {op.to}")
+            elif op.kind == "recast":
+                recast(st, op)
+            else:
+                raise SluiceError(f"unknown schema operation {op.kind}")
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def branch_head(self, db: str, table: str, branch: str = "main") -> int | None:
+        rows = self.sql(f"SELECT snapshot_id FROM {self.ident(db, table)}.refs "
+                        f"WHERE name = {sql_str(branch)}").collect()
+        return int(rows[0][0]) if rows else None
+
+    def head(self, db: str, table: str) -> Head:
+        """Main's head and the newest sink summary on its ancestry. Snapshots other writers made
+        (maintenance) carry none, fences only an epoch; the walk passes them."""
+        head = self.branch_head(db, table)
+        if head is None:
+            return Head(None, None, None)
+        rows = self.sql(f"SELECT snapshot_id, parent_id, summary FROM "
+                        f"{self.ident(db, table)}.snapshots").collect()
+        by_id = {int(r[0]): (r[1], r[2]) for r in rows}
+        sid: int | None = head
+        top: tuple[str, int] | None = None
+        while sid is not None and sid in by_id:
+            parent, summary = by_id[sid]
+            summary = dict(summary or {})
+            e = epoch_of(summary)
+            if e is not None and (top is None or e[1] > top[1]):
+                top = e
+            s = Summary.of(summary)
+            if s is not None:
+                return Head(head, s, top)
+            sid = int(parent) if parent is not None else None
+        return Head(head, None, top)

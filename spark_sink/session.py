@@ -1,25 +1,76 @@
-"""A SparkSession on the shared Hive metastore: UTC, loopback, quiet logs, any master.
+"""A SparkSession with the Iceberg runtime and the sink's catalog: UTC, loopback, quiet logs.
 
 One JVM per Python process: `session()` returns the active session when there is one (a test
-module or a drainer shares it between sinks), so the settings apply at the first call only —
-except the metastore, the catalog's identity: asking for another one than the active session's
-is a ConfigError, never a session that would read and write the other catalog.
+module or a drainer shares it), so settings apply at the first call only — except the catalog,
+whose identity is checked: asking for another catalog than the active session's is a
+ConfigError, never a session that would read and write the other one.
+
+The Iceberg Spark runtime and the SQLite JDBC driver are jars that install.sh copies from Maven
+Central into `jars/` (pinned; nothing is downloaded at run time). `SLUICE_SPARK_JARS` (a
+directory) overrides where they are looked for.
 """
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice.core.errors import ConfigError
 from sluice.spark_sink.config import SessionConfig
-from sluice.spark_sink.metastore import DERBY_CLIENT_JAR
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+
+ICEBERG_RUNTIME = "iceberg-spark-runtime-4.1_2.13-*.jar"
+SQLITE_JDBC = "sqlite-jdbc-*.jar"
+_JVM_START_ATTEMPTS = 3
+# JVM loggers that print at WARN/ERROR on a normal start or a normal commit.
+QUIET_LOGGERS = ("org.apache.hadoop.util.NativeCodeLoader", "org.apache.spark.util.Utils",
+                 "org.apache.iceberg.hadoop.HadoopTableOperations",
+                 "org.apache.spark.sql.execution.datasources.v2.V2ScanRelationPushDown",
+                 "org.apache.iceberg.spark.source.SparkWrite",
+                 "org.apache.iceberg.jdbc.JdbcCatalog", "org.apache.iceberg.BaseMetastoreCatalog",
+                 "org.apache.spark.sql.catalyst.util.SparkStringUtils",
+                 "org.apache.spark.sql.internal.SharedState")
+
+
+def jars_dir() -> Path:
+    env = os.environ.get("SLUICE_SPARK_JARS")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "jars"
+
+
+def jars() -> list[str]:
+    """The runtime jars Spark loads (spark.jars); a missing one is a one-line ConfigError."""
+    d = jars_dir()
+    out = []
+    for pattern, what in ((ICEBERG_RUNTIME, "Iceberg Spark runtime"), (SQLITE_JDBC, "SQLite JDBC driver")):
+        found = sorted(glob.glob(str(d / pattern)))
+        if not found:
+            raise ConfigError(f"spark: no {what} jar ({pattern}) in {d}: run ./install.sh "
+                              "(it copies the pinned jars from Maven Central), or set "
+                              "SLUICE_SPARK_JARS to the directory holding them")
+        out.append(found[-1])
+    return out
+
+
+def catalog_conf(cfg: SessionConfig) -> dict[str, str]:
+    """spark.sql.catalog.<name>.* for cfg: the catalog's identity."""
+    pre = f"spark.sql.catalog.{cfg.catalog}"
+    conf = {pre: "org.apache.iceberg.spark.SparkCatalog", f"{pre}.type": cfg.catalog_type}
+    if cfg.warehouse:
+        conf[f"{pre}.warehouse"] = cfg.warehouse_uri
+    if cfg.catalog_type == "jdbc":
+        conf[f"{pre}.uri"] = cfg.jdbc_uri
+        conf[f"{pre}.jdbc.schema-version"] = "V1"
+    elif cfg.catalog_uri:
+        conf[f"{pre}.uri"] = cfg.catalog_uri
+    conf.update({f"{pre}.{k}": str(v) for k, v in cfg.catalog_properties.items()})
+    return conf
 
 
 def conf_of(cfg: SessionConfig) -> dict[str, str]:
@@ -27,6 +78,9 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
     conf = {
         "spark.master": cfg.master,
         "spark.app.name": cfg.app_name,
+        "spark.jars": ",".join(jars()),
+        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+        "spark.sql.defaultCatalog": cfg.catalog,
         "spark.ui.enabled": "false",
         # A drainer's log is for its own lines; console progress bars would bury them.
         "spark.ui.showConsoleProgress": "false",
@@ -34,50 +88,35 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
-        "spark.sql.catalogImplementation": "hive",
-        # Parquet timestamps as microsecond instants (Spark's default INT96 loses nothing either,
-        # but TIMESTAMP_MICROS is what other readers expect).
-        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-        "spark.sql.sources.partitionOverwriteMode": "static",
-        "spark.sql.legacy.createHiveTableByDefault": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
-    if cfg.metastore:
-        conf.update({
-            "spark.driver.extraClassPath": DERBY_CLIENT_JAR,
-            "spark.hadoop.javax.jdo.option.ConnectionURL":
-                f"jdbc:derby://{cfg.metastore}/{cfg.metastore_db};create=true",
-            "spark.hadoop.javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.ClientDriver",
-            "spark.hadoop.datanucleus.schema.autoCreateAll": "true",
-            "spark.hadoop.hive.metastore.schema.verification": "false",
-            # The views filter on BIGINT partition columns (_batch, batch, _v); the embedded
-            # Hive client pushes such filters to Derby only with this set.
-            "spark.hadoop.hive.metastore.integral.jdo.pushdown": "true",
-            "spark.sql.hive.metastorePartitionPruningFallbackOnException": "true",
-        })
-    if cfg.warehouse:
-        conf["spark.sql.warehouse.dir"] = cfg.warehouse
+    conf.update(catalog_conf(cfg))
     conf.update(cfg.spark_conf)
     return conf
 
 
-_JVM_START_ATTEMPTS = 3
-_METASTORE_URL = "spark.hadoop.javax.jdo.option.ConnectionURL"
+def _check_same_catalog(active: SparkSession, cfg: SessionConfig) -> None:
+    have = active.sparkContext.getConf()
+    for k, v in catalog_conf(cfg).items():
+        if have.get(k) != v:
+            raise ConfigError(
+                f"spark: this process's Spark session has {k}={have.get(k)!r}; a sink or command "
+                f"asks for {v!r}. One process holds one session per catalog name: use another "
+                "catalog name, or run components on different catalogs in different processes")
 
 
-def _metastore_of(url: str | None) -> str:
-    return url or "Spark's embedded Derby"
-
-
-def _check_same_metastore(active: SparkSession, cfg: SessionConfig) -> None:
-    have = active.sparkContext.getConf().get(_METASTORE_URL)
-    want = conf_of(cfg).get(_METASTORE_URL)
-    if have != want:
-        raise ConfigError(
-            f"spark: this process's Spark session uses the metastore {_metastore_of(have)}; a "
-            f"sink or command asks for {_metastore_of(want)}. One JVM holds one Hive metastore "
-            "connection: run components on different metastores in different processes")
+def quiet(spark: SparkSession, level: str) -> None:
+    """The JVM's log level, and the known-noisy loggers off below ERROR."""
+    spark.sparkContext.setLogLevel(level.upper())
+    try:
+        cfg = spark._jvm.org.apache.logging.log4j.core.config.Configurator  # type: ignore[union-attr]
+        off = spark._jvm.org.apache.logging.log4j.Level.ERROR  # type: ignore[union-attr]
+        for name in QUIET_LOGGERS:
+            cfg.setLevel(name, off)
+    except Exception as e:  # noqa: BLE001 - logging tweaks never stop a session
+        log.debug("could not quiet JVM loggers", extra={"fields": {"error": str(e)[:200]}})
 
 
 def session(cfg: SessionConfig) -> SparkSession:
@@ -87,14 +126,16 @@ def session(cfg: SessionConfig) -> SparkSession:
     from pyspark.sql import SparkSession
     active = SparkSession.getActiveSession()
     if active is not None:
-        _check_same_metastore(active, cfg)
+        _check_same_catalog(active, cfg)
         return active
+    if cfg.sqlite_path:
+        os.makedirs(os.path.dirname(cfg.sqlite_path) or ".", exist_ok=True)
     builder = SparkSession.builder
     for k, v in conf_of(cfg).items():
         builder = builder.config(k, v)
     for attempt in range(1, _JVM_START_ATTEMPTS + 1):
         try:
-            spark = builder.enableHiveSupport().getOrCreate()
+            spark = builder.getOrCreate()
             break
         except Exception as e:  # noqa: BLE001 - only the launcher's transient failure is retried
             # The JVM launcher (a fork of this process) can die before it reports its port when
@@ -104,7 +145,8 @@ def session(cfg: SessionConfig) -> SparkSession:
             log.warning("spark JVM exited at start; starting it again",
                         extra={"fields": {"attempt": attempt, "error": str(e)[:200]}})
             time.sleep(1.0)
-    spark.sparkContext.setLogLevel(cfg.log_level.upper())
-    log.info("spark session started", extra={"fields": {"master": cfg.master,
-                                                        "metastore": cfg.metastore or "embedded"}})
+    quiet(spark, cfg.log_level)
+    log.info("spark session started", extra={"fields": {
+        "master": cfg.master, "catalog": cfg.catalog, "catalog_type": cfg.catalog_type,
+        "warehouse": cfg.warehouse_uri}})
     return spark

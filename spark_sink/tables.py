@@ -1,106 +1,117 @@
-"""Per source table: the raw/base tables' physical columns, schema versions, and the views.
+"""Per source table: its two Iceberg tables, their columns, and how a new shape changes them.
 
-Invariant: the user-facing views read only committed batches — `<table>_changelog` and
-`<table>` join the raw table with `_sluice_commits` on (batch, epoch), so raw partitions of a
-batch that has no commit record are invisible however long they exist.
+Each source table lands as `<db>.<table>_changelog` (append-only, every change) and `<db>.<table>`
+(the current state). `TableState` is what the sink knows of one source table (persisted as a
+property of its changelog table); `plan` turns a new table shape into the state after it and
+the schema operations (Iceberg schema evolution, by field id) that get the tables there.
 
-Schema evolution never rewrites or retypes a physical column: a new column adds one; a widened
-column gets a new physical column of the wider type (`name__<type>`) and the view reads
-COALESCE(CAST(newest), ..., CAST(oldest)) — each row fills exactly one of them; a dropped column
-is hidden by the views; a column re-added after a drop starts a fresh physical column. A change
-that is not a widening is UnmappableChange, naming the table, the column and the DDL.
-
-TRUNCATE (and CREATE of a table id that already has rows) lands as a marker row `_op = 't'`
-in the changelog; the current-state view keeps only changes after the newest committed marker,
-so the table is empty from exactly the batch that commits the marker on, in every JVM.
+Invariants:
+- The changelog never loses a column's history: a dropped column stays; a column whose type
+  changes in a way Iceberg cannot promote is renamed aside (`<name>__v<version>`, same field id,
+  same data) and a new column takes the name; a new incarnation (DROP then CREATE of the table)
+  does the same for every column whose type differs.
+- The current table has exactly the source's visible columns (plus `_commit_ts`,
+  `_zero_dates`); its values follow every schema change (promotion, rename, cast).
+- A change that cannot be followed is UnmappableChange naming table, column and DDL, unless
+  the table's `on-unmappable` policy says otherwise.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from typing import Any
 
 from sluice.core.errors import FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
-from sluice.spark_sink.layout import Layout, ident, q
-from sluice.spark_sink.types import spark_type, widens
+from sluice.spark_sink.types import UnsupportedType, castable, spark_type, widens
 
-# Metadata columns of raw and base tables, in order (partition columns come after the data).
-META_COLUMNS: tuple[tuple[str, str], ...] = (
+# Metadata columns of the changelog, first, in this order.
+CHANGELOG_META: tuple[tuple[str, str], ...] = (
     ("_op", "STRING"), ("_commit_ts", "BIGINT"), ("_seq", "INT"), ("_schema_ver", "BIGINT"),
-    ("_producer", "STRING"), ("_pos", "STRING"), ("_ts_ms", "BIGINT"), ("_zero_dates", "ARRAY<STRING>"),
+    ("_producer", "STRING"), ("_pos", "STRING"), ("_ts_ms", "BIGINT"),
+    ("_zero_dates", "ARRAY<STRING>"),
 )
-CHANGELOG_META = ("_op", "_commit_ts", "_seq", "_batch", "_schema_ver", "_producer", "_pos",
-                  "_ts_ms", "_zero_dates")
-_VIEW_MARK = re.compile(r"/\* sluice:base=(\d+):upto=(\d+) \*/")
+# Metadata columns of the current table, after the source columns.
+CURRENT_META: tuple[tuple[str, str], ...] = (("_commit_ts", "BIGINT"), ("_zero_dates", "ARRAY<STRING>"))
+TRUNCATED = "t"   # _op of a truncate marker row in the changelog (row columns NULL)
+CHANGELOG_SUFFIX = "_changelog"
+_IDENT = re.compile(r"[^a-z0-9_]")
 
 
 class UnmappableChange(FailedPrecondition):
-    """A schema change the Spark tables cannot follow (the drainer stops on it)."""
+    """A schema change the Iceberg tables cannot follow under the table's policy."""
+
+
+def ident(name: str) -> str:
+    """A catalog identifier from a source name: lower case, [a-z0-9_]; a hash suffix keeps names
+    that needed rewriting distinct."""
+    low = name.lower()
+    clean = _IDENT.sub("_", low)
+    if clean != low or not clean or clean[0].isdigit():
+        clean = f"{clean or 'x'}_{hashlib.sha1(name.encode()).hexdigest()[:6]}"
+    return clean
+
+
+def q(*parts: str) -> str:
+    """A backquoted, dotted identifier."""
+    return ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+
+
+def sql_str(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 @dataclasses.dataclass(frozen=True)
 class Column:
-    name: str                                  # source column name
-    stype: str                                 # current Spark type
-    phys: tuple[tuple[str, str], ...]          # physical (name, type), oldest first
-    hidden: bool = False
+    name: str      # source column name (current spelling)
+    stype: str     # Spark type of the current table's column
+    cl: str        # the changelog column holding its values
 
 
 @dataclasses.dataclass(frozen=True)
 class TableState:
-    """What the sink knows about one source table (persisted as the raw table's property)."""
-
     table_id: int
-    schema: str                                # source schema / table (current names)
+    schema: str                     # source schema / table (current names)
     table: str
-    db: str                                    # catalog database of the views
+    db: str                         # catalog namespace and table name of the current table
+    name: str
     version: int
-    columns: tuple[Column, ...]
-    key: tuple[str, ...]                       # identity columns (empty: keyless multiset)
-    base_version: int = 0                      # compacted base in use (0: none)
-    base_upto: int = 0                         # last batch folded into that base
-    physical: tuple[tuple[str, str], ...] = () # physical columns, append-only (table order)
-    dropped: bool = False                      # DROP TABLE: views removed, history kept
-    cleared: bool = False                      # has had a truncate marker: views filter by it
-    hist_upto: int = 0                         # last batch in the merged changelog (tN_hist) the
-                                               # views read (0: none); raw batches after it
+    columns: tuple[Column, ...]     # the source's visible columns, in order
+    key: tuple[str, ...]            # identity columns (empty: a keyless multiset)
+    cl_extra: tuple[tuple[str, str], ...] = ()   # changelog columns no source column maps to now
+    incarnation: int = 1            # DROP then CREATE of the same table starts the next one
+    dropped: bool = False           # DROP TABLE: current table gone, changelog kept
+    skipped: bool = False           # on-unmappable = skip-table hit: changes dropped from then on
 
     @property
-    def hist(self) -> bool:
-        """Whether the views read a merged changelog."""
-        return self.hist_upto > 0
+    def changelog(self) -> str:
+        return self.name + CHANGELOG_SUFFIX
 
-    @property
-    def visible(self) -> list[Column]:
-        return [c for c in self.columns if not c.hidden]
+    def changelog_columns(self) -> list[tuple[str, str]]:
+        """The changelog's data columns (after CHANGELOG_META): mapped ones, then the rest."""
+        return [(c.cl, c.stype) for c in self.columns] + list(self.cl_extra)
 
-    def phys_columns(self) -> list[tuple[str, str]]:
-        return list(self.physical)
+    def current_columns(self) -> list[tuple[str, str]]:
+        return [(c.name, c.stype) for c in self.columns]
 
     def to_json(self) -> str:
-        d = dataclasses.asdict(self)
-        return json.dumps(d, separators=(",", ":"))
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> TableState:
         d = json.loads(text)
-        cols = tuple(Column(c["name"], c["stype"], tuple(tuple(p) for p in c["phys"]), c["hidden"])
-                     for c in d.pop("columns"))
-        physical = tuple(tuple(p) for p in d.pop("physical"))
-        # Written before the merged changelog's boundary was part of the state: its views are
-        # rewritten at open, and the next merge (which reads the boundary from the files' location)
-        # sets it; until then the views read the raw batches.
-        d.pop("hist", None)
-        return cls(columns=cols, key=tuple(d.pop("key")), physical=physical, **d)  # type: ignore[arg-type]
+        cols = tuple(Column(**c) for c in d.pop("columns"))
+        return cls(columns=cols, key=tuple(d.pop("key")),
+                   cl_extra=tuple(tuple(x) for x in d.pop("cl_extra")), **d)  # type: ignore[arg-type]
 
 
 def key_of_info(info: pb.TableInfo) -> tuple[str, ...]:
     """The primary key; else the first unique key of NOT NULL columns; else () (keyless)."""
     nullable = {c.name: c.nullable for c in info.columns if not c.hidden}
     for ix in info.indexes:
-        if ix.primary:
+        if ix.primary and all(n in nullable for n in ix.columns):
             return tuple(ix.columns)
     for ix in info.indexes:
         if ix.unique and ix.columns and all(n in nullable and not nullable[n] for n in ix.columns):
@@ -108,236 +119,183 @@ def key_of_info(info: pb.TableInfo) -> tuple[str, ...]:
     return ()
 
 
-def evolve(state: TableState | None, info: pb.TableInfo, layout: Layout, ddl: str = "") -> TableState:
-    """The state after table shape `info` (a new table when state is None)."""
-    table = f"{info.schema_name}.{info.table_name}"
-    old = {c.name.lower(): c for c in state.columns} if state is not None else {}
-    used = {p[0] for c in old.values() for p in c.phys}
-    cols: list[Column] = []
-    seen: set[str] = set()
+# --------------------------------------------------------------------------------------------
+# Schema operations: what the tables need to follow a change (applied by catalog.Catalog)
+# --------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    kind: str          # create | add | drop | rename | widen | recast | drop_table | rename_table
+    table: str         # "changelog" | "current"
+    column: str = ""
+    to: str = ""       # new name (rename, rename_table), type (add, widen, recast)
+    old_type: str = ""
+
+
+def _mapped(info: pb.TableInfo, table: str, ddl: str, policy: str) -> list[tuple[pb.ColumnInfo, str]]:
+    out = []
     for c in info.columns:
         if c.hidden:
             continue
         try:
-            st = spark_type(c)
-        except FailedPrecondition:
-            raise
-        except Exception as e:  # UnsupportedType
+            out.append((c, spark_type(c)))
+        except UnsupportedType as e:
+            if policy == "as-string":
+                out.append((c, "STRING"))
+                continue
             raise UnmappableChange(f"spark sink: table {table}: {e}"
                                    + (f" (DDL: {ddl})" if ddl else "")) from None
-        prev = old.get(c.name.lower())
-        seen.add(c.name.lower())
-        if prev is not None and not prev.hidden:
-            if prev.stype == st:
-                cols.append(dataclasses.replace(prev, name=c.name))
-                continue
-            if not widens(prev.stype, st):
-                raise UnmappableChange(
-                    f"spark sink: table {table} column {c.name}: {prev.stype} -> {st} is not a "
-                    f"widening the Spark tables can follow"
-                    + (f" (DDL: {ddl})" if ddl else " (schema version "
-                       f"{info.version})") + "; stop the drainer, migrate the tables, restart")
-            pname = _fresh(f"{ident(c.name)}__{_tag(st)}", used)
-            cols.append(Column(c.name, st, (*prev.phys, (pname, st))))
-            continue
-        base = ident(c.name) if prev is None else f"{ident(c.name)}__v{info.version}"
-        pname = _fresh(base, used)
-        cols.append(Column(c.name, st, ((pname, st),)))
-    for name, prev in old.items():
-        if name not in seen:
-            cols.append(dataclasses.replace(prev, hidden=True))
-    db = layout.database(info.schema_name)
-    physical = list(state.physical) if state is not None else []
-    known = set(physical)
-    physical += [p for c in cols for p in c.phys if p not in known]
-    return TableState(
-        table_id=info.table_id, schema=info.schema_name, table=info.table_name, db=db,
-        version=info.version, columns=tuple(cols), key=key_of_info(info),
-        base_version=state.base_version if state else 0, base_upto=state.base_upto if state else 0,
-        physical=tuple(physical), cleared=state.cleared if state else False,
-        hist_upto=state.hist_upto if state else 0)
-
-
-def recreated(state: TableState) -> TableState:
-    """state as the starting point of a CREATE over the same table id: every old column hidden,
-    so the new incarnation's columns get fresh physical columns whatever their types."""
-    return dataclasses.replace(state, columns=tuple(dataclasses.replace(c, hidden=True)
-                                                    for c in state.columns), dropped=False)
-
-
-def _tag(stype: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", stype.lower()).strip("_")
-
-
-def _fresh(name: str, used: set[str]) -> str:
-    out, i = name, 1
-    while out in used or out.startswith("_"):
-        i += 1
-        out = f"{name}_{i}"
-    used.add(out)
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# SQL
-# --------------------------------------------------------------------------------------------
-
-def column_expr(c: Column, alias: str = "") -> str:
-    pre = f"{alias}." if alias else ""
-    if len(c.phys) == 1 and c.phys[0][1] == c.stype:
-        e = f"{pre}{q(c.phys[0][0])}"
-    else:
-        e = "COALESCE(" + ", ".join(f"CAST({pre}{q(p)} AS {c.stype})" for p, _ in reversed(c.phys)) + ")"
-    return f"{e} AS {q(c.name)}"
+_RENAME_COL = re.compile(r"\bRENAME\s+COLUMN\s+`?([^`\s]+)`?\s+TO\s+`?([^`\s,]+)`?", re.I)
+_CHANGE_COL = re.compile(r"\bCHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?`?([^`\s]+)`?\s+`?([^`\s]+)`?", re.I)
 
 
-def create_raw_sql(state: TableState, layout: Layout) -> str:
-    cols = ", ".join(f"{q(n)} {t}" for n, t in (*META_COLUMNS, *state.phys_columns()))
-    return (f"CREATE TABLE IF NOT EXISTS {layout.raw(state.table_id)} ({cols}, `_batch` BIGINT, "
-            f"`_epoch` BIGINT) USING parquet PARTITIONED BY (`_batch`, `_epoch`) "
-            f"LOCATION '{layout.raw_table_dir(state.table_id)}'")
+def renamed_columns(ddl: str) -> dict[str, str]:
+    """{old: new} (lower case) for the column renames an ALTER statement spells out."""
+    out = {}
+    for rx in (_RENAME_COL, _CHANGE_COL):
+        for m in rx.finditer(ddl or ""):
+            if m.group(1).lower() != m.group(2).lower():
+                out[m.group(1).lower()] = m.group(2).lower()
+    return out
 
 
-def create_base_sql(state: TableState, layout: Layout) -> str:
-    cols = ", ".join(f"{q(n)} {t}" for n, t in (*META_COLUMNS, *state.phys_columns()))
-    return (f"CREATE TABLE IF NOT EXISTS {layout.base(state.table_id)} ({cols}, `_v` BIGINT) "
-            f"USING parquet PARTITIONED BY (`_v`) LOCATION '{layout.base_table_dir(state.table_id)}'")
+def _fresh(base: str, used: set[str]) -> str:
+    out, i = base, 1
+    while out.lower() in used:
+        i += 1
+        out = f"{base}_{i}"
+    used.add(out.lower())
+    return out
 
 
-def committed_raw(state: TableState, layout: Layout, after_batch: int = 0) -> str:
-    """The raw rows of committed batches (> after_batch), every column."""
-    where = f" WHERE r.`_batch` > {after_batch}" if after_batch else ""
-    cond = f" AND c.batch > {after_batch}" if after_batch else ""
-    return (f"SELECT r.* FROM {layout.raw(state.table_id)} r LEFT SEMI JOIN {layout.commits()} c "
-            f"ON r.`_batch` = c.batch AND r.`_epoch` = c.epoch{cond}{where}")
+def plan(state: TableState | None, info: pb.TableInfo, db: str, ddl: str = "",
+         new_incarnation: bool = False, policy: str = "stop") -> tuple[TableState, list[Op]]:
+    """The state after table shape `info`, and the schema operations that get there.
 
-
-def create_hist_sql(state: TableState, layout: Layout) -> str:
-    """The merged changelog: committed raw rows of many batches in a few files, `_batch` and
-    `_epoch` as data columns; ONE partition (`_part`=0) whose location merging switches."""
-    cols = ", ".join(f"{q(n)} {t}" for n, t in (*META_COLUMNS, *state.phys_columns()))
-    return (f"CREATE TABLE IF NOT EXISTS {layout.hist(state.table_id)} ({cols}, `_batch` BIGINT, "
-            f"`_epoch` BIGINT, `_part` BIGINT) USING parquet PARTITIONED BY (`_part`) "
-            f"LOCATION '{layout.hist_table_dir(state.table_id)}'")
-
-
-def raw_columns(state: TableState) -> str:
-    return ", ".join(q(n) for n, _ in (*META_COLUMNS, *state.phys_columns(), ("_batch", ""), ("_epoch", "")))
-
-
-def all_changes_sql(state: TableState, layout: Layout) -> str:
-    """Every committed change of the table, raw columns: the merged changelog's batches up to
-    `hist_upto` plus the committed raw batches after it. The boundary is a constant of the view
-    text, which a reader resolves once: reading it twice from the merged files (rows and their
-    max batch) let a reader meet the old location in one read and the new one in the other,
-    and count the batches between twice (compaction.py says why the order of the switch keeps
-    every combination a reader can meet exact)."""
-    if not state.hist_upto:
-        return committed_raw(state, layout)
-    cols = raw_columns(state)
-    u = state.hist_upto
-    return (f"SELECT {cols} FROM {layout.hist(state.table_id)} WHERE `_part` = 0 AND `_batch` <= {u} "
-            f"UNION ALL SELECT {cols} FROM ({committed_raw(state, layout, u)}) x")
-
-
-def changelog_sql(state: TableState, layout: Layout) -> str:
-    meta = ", ".join(f"r.{q(m)}" for m in CHANGELOG_META)
-    cols = ", ".join(column_expr(c, "r") for c in state.visible)
-    return f"SELECT {meta}{', ' if cols else ''}{cols} FROM ({all_changes_sql(state, layout)}) r"
-
-
-TRUNCATED = "t"   # _op of a truncate marker row (row columns NULL)
-
-
-def _union_sql(state: TableState, layout: Layout, base_version: int, base_upto: int,
-               upto_batch: int | None = None, as_of_ts: int | None = None) -> str:
-    cols = ", ".join(column_expr(c) for c in state.visible)
-    sel = f"`_op`, `_commit_ts`, `_seq`, `_zero_dates`{', ' if cols else ''}{cols}"
-    tail_where = []
-    if upto_batch is not None:
-        tail_where.append(f"`_batch` <= {upto_batch}")
-    if as_of_ts is not None:
-        tail_where.append(f"`_commit_ts` <= {as_of_ts}")
-    tw = (" WHERE " + " AND ".join(tail_where)) if tail_where else ""
-    parts = []
-    if base_version:
-        parts.append(f"SELECT {sel} FROM {layout.base(state.table_id)} WHERE `_v` = {base_version}")
-    # The tail: committed batches after the base (their raw partitions are never merged away:
-    # merging stops at the base's batch); from the beginning, every change.
-    tail = committed_raw(state, layout, base_upto) if base_upto else all_changes_sql(state, layout)
-    parts.append(f"SELECT {sel} FROM ({tail}) t{tw}")
-    union = " UNION ALL ".join(parts)
-    if not state.cleared:
-        return union
-    # Markers live only in the tail: a compaction that folded one in already left the rows
-    # before it out of the base, and every base row is older than any tail marker.
-    marker = (f"SELECT coalesce(max(`_commit_ts`), 0) FROM ({tail}) m "
-              f"WHERE m.`_op` = '{TRUNCATED}'"
-              + "".join(f" AND m.{w}" for w in tail_where))
-    return (f"SELECT * FROM ({union}) a WHERE a.`_op` <> '{TRUNCATED}' "
-            f"AND a.`_commit_ts` > ({marker})")
-
-
-def state_query(state: TableState, layout: Layout, base_version: int, base_upto: int,
-                upto_batch: int | None = None, as_of_ts: int | None = None,
-                with_meta: bool = False) -> str:
-    """Current state: the latest change per key by (_commit_ts, _seq), deletes removed; keyless
-    tables as a multiset (creates minus deletes of each full row)."""
-    union = _union_sql(state, layout, base_version, base_upto, upto_batch, as_of_ts)
-    names = ", ".join(q(c.name) for c in state.visible)
-    if state.key:
-        keys = ", ".join(q(k) for k in state.key)
-        extra = ", `_commit_ts`, `_seq`, `_zero_dates`" if with_meta else ", `_commit_ts`, `_zero_dates`"
-        return (f"SELECT {names}{extra} FROM (SELECT *, row_number() OVER (PARTITION BY {keys} "
-                f"ORDER BY `_commit_ts` DESC, `_seq` DESC) AS `_rn` FROM ({union}) u) w "
-                f"WHERE `_rn` = 1 AND `_op` <> 'd'")
-    extra = ", `_commit_ts`, 0 AS `_seq`, CAST(NULL AS ARRAY<STRING>) AS `_zero_dates`" if with_meta \
-        else ", `_commit_ts`"
-    return (f"SELECT {names}{extra} FROM (SELECT {names}, max(`_commit_ts`) AS `_commit_ts`, "
-            f"sum(CASE WHEN `_op` = 'd' THEN -1 ELSE 1 END) AS `_n` FROM ({union}) u "
-            f"GROUP BY {names} HAVING sum(CASE WHEN `_op` = 'd' THEN -1 ELSE 1 END) > 0) g "
-            f"LATERAL VIEW explode(sequence(1, `_n`)) x AS `_i`")
-
-
-def current_view_sql(state: TableState, layout: Layout) -> str:
-    mark = f"/* sluice:base={state.base_version}:upto={state.base_upto} */"
-    return f"SELECT {mark} * FROM ({state_query(state, layout, state.base_version, state.base_upto)}) s"
-
-
-def as_of_sql(state: TableState, layout: Layout, commit_ts: int) -> str:
-    """The table's state as of commit_ts (from the full changelog; slower than the view)."""
-    return state_query(state, layout, 0, 0, as_of_ts=commit_ts)
-
-
-def parse_view_mark(view_text: str) -> tuple[int, int] | None:
-    m = _VIEW_MARK.search(view_text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def physical_row(meta: tuple[Any, ...], values: list[Any], index: list[int], width: int) -> tuple[Any, ...]:
-    """meta + the values placed at their physical column indexes (others NULL)."""
-    row: list[Any] = [None] * width
-    for v, i in zip(values, index):
-        row[i] = v
-    return (*meta, *row)
-
-
-def phys_index(state: TableState, info: pb.TableInfo) -> list[int]:
-    """For each visible column of `info` (a version already folded into state), the index of
-    the physical column its values go to: the one of the column's type at that version."""
-    phys = state.phys_columns()
-    pos = {p: i for i, p in enumerate(phys)}
-    by_name = {c.name.lower(): c for c in state.columns}
-    out = []
-    for col in info.columns:
-        if col.hidden:
+    `new_incarnation`: a CREATE of a table the sink already has (DROP then CREATE): the current
+    table starts again, empty, in the new shape; the changelog keeps every old column."""
+    table = f"{info.schema_name}.{info.table_name}"
+    cols = _mapped(info, table, ddl, policy)
+    name = ident(info.table_name)
+    if state is None or state.skipped:
+        new = TableState(info.table_id, info.schema_name, info.table_name, db, name, info.version,
+                         tuple(Column(c.name, t, c.name) for c, t in cols), key_of_info(info),
+                         incarnation=state.incarnation + 1 if state else 1)
+        return new, [Op("create", "changelog"), Op("create", "current")]
+    ops: list[Op] = []
+    extra = {n.lower(): (n, t) for n, t in state.cl_extra}
+    used = {n.lower() for n, _ in state.changelog_columns()}
+    old = {c.name.lower(): c for c in state.columns}
+    if new_incarnation or state.dropped:
+        for c in state.columns:
+            extra[c.cl.lower()] = (c.cl, c.stype)
+        old = {}
+    renames = renamed_columns(ddl) if not new_incarnation else {}
+    new_names = {c.name.lower() for c, _ in cols}
+    # A rename the statement spells out keeps the column (and its field id) in both tables.
+    for o, n in renames.items():
+        if o in old and n in new_names and n not in old:
+            c = old.pop(o)
+            if n in extra:
+                # The target name is an old changelog column: move it aside first.
+                aside = _fresh(f"{extra[n][0]}__old", used)
+                ops.append(Op("rename", "changelog", extra[n][0], aside))
+                extra[aside.lower()] = (aside, extra.pop(n)[1])
+            newname = next(ci.name for ci, _ in cols if ci.name.lower() == n)
+            ops.append(Op("rename", "changelog", c.cl, newname))
+            ops.append(Op("rename", "current", c.name, newname))
+            used.add(n)
+            old[n] = Column(newname, c.stype, newname)
+    out: list[Column] = []
+    for c, t in cols:
+        low = c.name.lower()
+        prev = old.pop(low, None)
+        if prev is not None:
+            if prev.stype == t:
+                out.append(dataclasses.replace(prev, name=c.name))
+                continue
+            if widens(prev.stype, t):
+                ops.append(Op("widen", "changelog", prev.cl, t, prev.stype))
+                ops.append(Op("widen", "current", prev.name, t, prev.stype))
+                out.append(Column(c.name, t, prev.cl))
+                continue
+            # Not a promotion Iceberg can make: the changelog keeps the old column aside; the
+            # current table's values are cast (recast checks that no value is lost).
+            if policy == "as-string" and not castable(prev.stype, t):
+                t = "STRING"
+            if not castable(prev.stype, t):
+                raise UnmappableChange(
+                    f"spark sink: table {table} column {c.name}: {prev.stype} -> {t} is neither "
+                    "an Iceberg promotion nor a cast that keeps MySQL's values"
+                    + (f" (DDL: {ddl})" if ddl else f" (schema version {info.version})"))
+            aside = _fresh(f"{prev.cl}__v{state.version}", used)
+            ops.append(Op("rename", "changelog", prev.cl, aside))
+            extra[aside.lower()] = (aside, prev.stype)
+            ops.append(Op("add", "changelog", c.name, t))
+            ops.append(Op("recast", "current", prev.name, t, prev.stype))
+            out.append(Column(c.name, t, c.name))
             continue
-        st = spark_type(col)
-        c = by_name[col.name.lower()]
-        # The newest physical column of this type (a re-added column's fresh one).
-        choice = [p for p in c.phys if p[1] == st]
-        if not choice:
-            raise UnmappableChange(f"spark sink: table {info.schema_name}.{info.table_name} column "
-                                   f"{col.name}: no physical column of type {st} (version {info.version})")
-        out.append(pos[choice[-1]])
+        # A new column (or one of a new incarnation).
+        x = extra.get(low)
+        if x is not None and x[1] == t:
+            extra.pop(low)
+            cl = x[0]
+        else:
+            if x is not None:
+                aside = _fresh(f"{x[0]}__v{state.version}", used)
+                ops.append(Op("rename", "changelog", x[0], aside))
+                extra[aside.lower()] = (aside, extra.pop(low)[1])
+            cl = c.name
+            used.add(low)
+            ops.append(Op("add", "changelog", cl, t))
+        if not (new_incarnation or state.dropped):
+            ops.append(Op("add", "current", c.name, t))
+        out.append(Column(c.name, t, cl))
+    for prev in old.values():   # dropped source columns: gone from the current table only
+        extra[prev.cl.lower()] = (prev.cl, prev.stype)
+        if not (new_incarnation or state.dropped):
+            ops.append(Op("drop", "current", prev.name))
+    if new_incarnation or state.dropped:
+        ops.insert(0, Op("drop_table", "current"))
+        ops.append(Op("create", "current"))
+    # Keep the changelog's column order stable: extra columns as they were, new ones after.
+    order = [n for n, _ in state.cl_extra]
+    cl_extra = sorted(extra.values(), key=lambda x: (order.index(x[0]) if x[0] in order
+                                                     else len(order), x[0]))
+    mapped_cls = {c.cl.lower() for c in out}
+    new = dataclasses.replace(
+        state, schema=info.schema_name, table=info.table_name, db=db, name=name,
+        version=info.version,
+        columns=tuple(out), key=key_of_info(info),
+        cl_extra=tuple(x for x in cl_extra if x[0].lower() not in mapped_cls),
+        incarnation=state.incarnation + (1 if new_incarnation or state.dropped else 0),
+        dropped=False)
+    return new, ops
+
+
+def renamed(state: TableState, info: pb.TableInfo, db: str) -> TableState:
+    """state under the names of a RENAME TABLE (its history moves with it)."""
+    return dataclasses.replace(state, table_id=info.table_id, schema=info.schema_name,
+                               table=info.table_name, db=db, name=ident(info.table_name))
+
+
+def row_index(state: TableState, info: pb.TableInfo) -> list[int] | None:
+    """For a row decoded with `info`'s visible columns: the position in state.columns of each of
+    its values (None when they are the same, in order — the common case)."""
+    names = [c.name.lower() for c in info.columns if not c.hidden]
+    have = [c.name.lower() for c in state.columns]
+    if names == have:
+        return None
+    pos = {n: i for i, n in enumerate(have)}
+    return [pos.get(n, -1) for n in names]
+
+
+def reorder(values: list[Any] | tuple[Any, ...], index: list[int], width: int) -> list[Any]:
+    out: list[Any] = [None] * width
+    for v, i in zip(values, index):
+        if i >= 0:
+            out[i] = v
     return out

@@ -1,10 +1,13 @@
-"""MySQL column types and Datums -> Spark SQL types and values (docs/types.md, Spark column).
+"""MySQL column types and Datums -> Spark SQL / Iceberg types and values (docs/types.md).
 
-Invariant: every value a column can hold lands in its Spark column without loss, or as a
+Invariant: every value a column can hold lands in its Iceberg column without loss, or as a
 documented lossless stand-in: DECIMAL beyond 38 digits as its exact text, BIGINT UNSIGNED as
-DECIMAL(20,0), TIME as "[-]HH:MM:SS.ffffff" text, JSON as its text, and a zero or otherwise
-invalid date as NULL with the column named in the row's `_zero_dates` flag.
+DECIMAL(20,0), TIME as "[-]HH:MM:SS.ffffff" text, JSON as its text, UUID/INET4/INET6 as their
+canonical text, spatial values as WKB (BINARY, the 4-byte SRID prefix of MariaDB's storage
+format removed), SET as an array of its members, and a zero or otherwise invalid date as NULL with
+the column named in the row's `_zero_dates` flag.
 
+Iceberg has no 8- or 16-bit integers: TINYINT, SMALLINT, MEDIUMINT, INT and YEAR are INT.
 Timestamps are UTC instants with microseconds (the session runs in UTC).
 """
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import decimal
+import ipaddress as _ipaddress
+import uuid as _uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -21,13 +26,16 @@ from sluice.proto import sluice_pb2 as pb
 MAX_DECIMAL_PRECISION = 38
 _UTC = _dt.timezone.utc
 
-_INT_SIGNED = {"tinyint": "TINYINT", "smallint": "SMALLINT", "mediumint": "INT", "int": "INT",
-               "integer": "INT", "bigint": "BIGINT", "year": "SMALLINT", "bool": "TINYINT",
-               "boolean": "TINYINT"}
-_INT_UNSIGNED = {"tinyint": "SMALLINT", "smallint": "INT", "mediumint": "INT", "int": "BIGINT",
-                 "integer": "BIGINT", "bigint": "DECIMAL(20,0)", "year": "SMALLINT"}
-_STRING = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set",
-                     "json", "time", "uuid", "inet4", "inet6"})
+_INT_SIGNED = {"tinyint": "INT", "smallint": "INT", "mediumint": "INT", "int": "INT",
+               "integer": "INT", "bigint": "BIGINT", "year": "INT", "bool": "INT",
+               "boolean": "INT"}
+_INT_UNSIGNED = {"tinyint": "INT", "smallint": "INT", "mediumint": "INT", "int": "BIGINT",
+                 "integer": "BIGINT", "bigint": "DECIMAL(20,0)", "year": "INT"}
+_STRING = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum",
+                     "json", "time"})
+_UUID = "uuid"
+_INET = frozenset({"inet4", "inet6"})
+_SET = "set"
 _BINARY = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob",
                      "geometry", "point", "linestring", "polygon", "multipoint",
                      "multilinestring", "multipolygon", "geometrycollection"})
@@ -36,8 +44,7 @@ _DECIMAL = frozenset({"decimal", "numeric", "newdecimal", "fixed"})
 _TIMESTAMP = frozenset({"datetime", "timestamp"})
 _DATE = frozenset({"date", "newdate"})
 
-# Integral Spark types by width, for widening checks.
-_INTEGRAL_RANK = {"TINYINT": 1, "SMALLINT": 2, "INT": 3, "BIGINT": 4}
+SET_TYPE = "ARRAY<STRING>"
 
 
 class UnsupportedType(InvalidArgument):
@@ -62,8 +69,10 @@ def spark_type(col: pb.ColumnInfo) -> str:
         return "TIMESTAMP"
     if dt in _DATE:
         return "DATE"
-    if dt in _STRING:
+    if dt in _STRING or dt == _UUID or dt in _INET:
         return "STRING"
+    if dt == _SET:
+        return SET_TYPE
     if dt in _BINARY:
         return "BINARY"
     raise UnsupportedType(f"column {col.name}: MySQL type {col.column_type or dt!r} has no Spark "
@@ -78,25 +87,35 @@ def _decimal_parts(t: str) -> tuple[int, int] | None:
 
 
 def widens(old: str, new: str) -> bool:
-    """True when every value of Spark type `old` is exactly representable in `new` by a cast."""
+    """True when Iceberg can promote a column of Spark type `old` to `new` in place (int ->
+    bigint, float -> double, decimal precision up with the same scale)."""
     if old == new:
         return True
+    if (old, new) in (("INT", "BIGINT"), ("FLOAT", "DOUBLE")):
+        return True
+    od, nd = _decimal_parts(old), _decimal_parts(new)
+    return od is not None and nd is not None and od[1] == nd[1] and nd[0] >= od[0]
+
+
+_NUMERIC = ("INT", "BIGINT", "DOUBLE", "FLOAT")
+
+
+def castable(old: str, new: str) -> bool:
+    """Whether Spark's CAST from `old` to `new` gives what MySQL's ALTER gives for every value
+    it accepts (a value it cannot convert becomes NULL under try_cast, which the sink counts as
+    a loss): numbers and dates to text, integers and decimals between each other with a scale
+    that does not drop digits, text to numbers, dates and timestamps, DATE to TIMESTAMP."""
+    od, nd = _decimal_parts(old), _decimal_parts(new)
+    exact_num = old in ("INT", "BIGINT") or (od is not None)
     if new == "STRING":
-        return old not in ("BINARY",)  # every other value has an exact text form
-    if old in _INTEGRAL_RANK and new in _INTEGRAL_RANK:
-        return _INTEGRAL_RANK[old] <= _INTEGRAL_RANK[new]
-    digits = {"TINYINT": 3, "SMALLINT": 5, "INT": 10, "BIGINT": 19}
-    nd = _decimal_parts(new)
-    if old in digits and nd is not None:
-        return nd[0] - nd[1] >= digits[old]
-    od = _decimal_parts(old)
-    if od is not None and nd is not None:
-        return nd[1] >= od[1] and nd[0] - nd[1] >= od[0] - od[1]
-    if old == "DATE" and new == "TIMESTAMP":
+        return exact_num or old in ("DATE", "TIMESTAMP", "STRING")
+    if old == "STRING":
+        return new in _NUMERIC or nd is not None or new in ("DATE", "TIMESTAMP")
+    if old in ("INT", "BIGINT") and (new in ("INT", "BIGINT", "DOUBLE") or nd is not None):
         return True
-    if old in ("TINYINT", "SMALLINT", "INT") and new == "DOUBLE":
+    if od is not None and (nd is not None and nd[1] >= od[1] or new in ("INT", "BIGINT") and od[1] == 0):
         return True
-    return False
+    return old == "DATE" and new == "TIMESTAMP"
 
 
 def time_text(v: pb.TimeValue) -> str:
@@ -210,27 +229,76 @@ def _conv_date(d: pb.Datum) -> Any:
         return _ZERO
 
 
+def _conv_uuid(d: pb.Datum) -> Any:
+    if d.WhichOneof("value") == "bytes" and len(d.bytes) == 16:
+        return str(_uuid.UUID(bytes=d.bytes))
+    return _conv_str(d)
+
+
+def _conv_inet(d: pb.Datum) -> Any:
+    if d.WhichOneof("value") == "bytes" and len(d.bytes) in (4, 16):
+        return str(_ipaddress.ip_address(d.bytes))
+    return _conv_str(d)
+
+
+def _conv_set(d: pb.Datum) -> Any:
+    text = _conv_str(d)
+    return [m for m in text.split(",") if m] if text else []
+
+
+_SRID_PREFIX = 4
+
+
+def _conv_wkb(d: pb.Datum) -> Any:
+    """MariaDB stores a geometry as a 4-byte SRID then WKB; the column holds the WKB."""
+    b = _conv_bytes(d)
+    if len(b) > _SRID_PREFIX + 5 and b[_SRID_PREFIX] in (0, 1):
+        return b[_SRID_PREFIX:]
+    return b
+
+
 def _bad(d: pb.Datum, what: str) -> Any:
     raise InvalidArgument(f"datum {d.WhichOneof('value')} cannot be read as {what}")
 
 
 _BY_TYPE: dict[str, Callable[[pb.Datum], Any]] = {
-    "TINYINT": _conv_int, "SMALLINT": _conv_int, "INT": _conv_int, "BIGINT": _conv_int,
+    "INT": _conv_int, "BIGINT": _conv_int,
     "DOUBLE": _conv_double, "STRING": _conv_str, "BINARY": _conv_bytes, "TIMESTAMP": _conv_ts,
     "DATE": _conv_date,
 }
 
 
-def converter(stype: str) -> Callable[[pb.Datum], Any]:
-    """Datum -> Python value for Spark type stype (NULL handled by the caller)."""
+_SPATIAL = frozenset({"geometry", "point", "linestring", "polygon", "multipoint",
+                      "multilinestring", "multipolygon", "geometrycollection"})
+
+
+def converter(stype: str, col: pb.ColumnInfo | None = None) -> Callable[[pb.Datum], Any]:
+    """Datum -> Python value for Spark type stype of column col (NULL handled by the caller)."""
+    dt = col.data_type.lower() if col is not None else ""
+    if stype == "STRING":
+        if dt == _UUID:
+            return _conv_uuid
+        if dt in _INET:
+            return _conv_inet
+    if stype == SET_TYPE:
+        return _conv_set
+    if stype == "BINARY" and dt in _SPATIAL:
+        return _conv_wkb
     if stype.startswith("DECIMAL("):
         return _conv_dec
     return _BY_TYPE[stype]
 
 
+def native_kinds(stype: str, col: pb.ColumnInfo | None = None) -> frozenset[str]:
+    """Datum kinds read as they are for this column (no conversion call)."""
+    dt = col.data_type.lower() if col is not None else ""
+    if dt in _SPATIAL or stype == SET_TYPE:
+        return frozenset()
+    return _NATIVE.get(stype, frozenset())
+
+
 # Datum kinds whose attribute already is the Spark value of the type: read as is (the hot path).
 _NATIVE: dict[str, frozenset[str]] = {
-    "TINYINT": frozenset({"int", "uint"}), "SMALLINT": frozenset({"int", "uint"}),
     "INT": frozenset({"int", "uint"}), "BIGINT": frozenset({"int", "uint"}),
     "DOUBLE": frozenset({"double"}), "STRING": frozenset({"str", "json", "decimal"}),
 }
@@ -254,7 +322,7 @@ def plan_columns(info: pb.TableInfo) -> list[ColumnPlan]:
         if c.hidden:
             continue
         st = spark_type(c)
-        out.append(ColumnPlan(c.name, st, converter(st), _NATIVE.get(st, frozenset())))
+        out.append(ColumnPlan(c.name, st, converter(st, c), native_kinds(st, c)))
     return out
 
 

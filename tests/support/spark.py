@@ -1,13 +1,9 @@
-"""Spark test support: one Derby metastore + one shared SparkSession per test module, and the
-helpers every Spark test compares with (model rows, view rows, expected changelog entries).
+"""Spark test support: one Iceberg catalog (an SQLite file in a warehouse directory) and one
+shared SparkSession per test module, and the helpers every Spark test compares with (model rows,
+table rows, expected changelog entries).
 
-A session costs 10-20 s on this machine and the first metastore statement another 15-20 s, so
-a module shares both (`spark_env`); tests isolate themselves by catalog names and roots.
-
-`warm_metastore` creates the metastore schema AND one row of every DataNucleus id sequence the
-sink uses (database, table, partition, view, column descriptors, properties) once, from one JVM:
-DataNucleus creates those SEQUENCE_TABLE rows lazily, and JVMs doing it at the same time on a
-fresh Derby collide on duplicate keys. After it, several JVMs can open sinks at once.
+A session costs 7-20 s on this machine, so a module shares it (`spark_env`); tests isolate
+themselves by namespaces (each sink gets its own `database` pattern and meta database).
 """
 from __future__ import annotations
 
@@ -29,56 +25,39 @@ from sluice.drainer.txn import SchemaHistory, Txn
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import types as ST
 from sluice.spark_sink.config import SessionConfig, SparkSinkConfig
-from sluice.spark_sink.metastore import DerbyServer
 from sluice.spark_sink.tables import key_of_info
-from tests.support.procs import REPO, free_port, sluice_argv
+from tests.support.procs import REPO, sluice_argv
 from tests.support.rows import RandomWorkload, Table, history_of
 
 
 @dataclass
 class SparkEnv:
-    derby: DerbyServer
     spark: Any
     workdir: Path
     session_cfg: SessionConfig
 
+    @property
+    def warehouse(self) -> str:
+        return self.session_cfg.warehouse
+
     def sink_config(self, name: str, **kw: Any) -> SparkSinkConfig:
-        """A sink config with its own root and meta database (tests share one catalog)."""
+        """A sink config with its own namespaces (tests share one catalog)."""
         kw.setdefault("batch_rows", 100_000)
         kw.setdefault("batch_interval", 3600.0)
+        kw.setdefault("maintenance_every", 0)
         return SparkSinkConfig(
-            master=self.session_cfg.master, metastore=self.session_cfg.metastore,
-            warehouse=self.session_cfg.warehouse, shuffle_partitions=2,
-            root=str(self.workdir / name), meta_database=f"m_{name}",
-            database=f"{name}_{{schema}}", **kw)
+            master=self.session_cfg.master, warehouse=self.session_cfg.warehouse,
+            shuffle_partitions=2, meta_database=f"m_{name}", database=f"{name}_{{schema}}", **kw)
 
     def rows(self, sql: str) -> list[Any]:
         return self.spark.sql(sql).collect()
 
 
-def session_config(port: int, workdir: Path) -> SessionConfig:
-    return SessionConfig(master="local[2]", metastore=f"127.0.0.1:{port}",
-                         warehouse=str(workdir / "warehouse"), shuffle_partitions=2,
-                         log_level="ERROR",
+def session_config(workdir: Path) -> SessionConfig:
+    return SessionConfig(master="local[2]", warehouse=str(workdir / "warehouse"),
+                         shuffle_partitions=2, log_level="ERROR",
                          spark_conf={"spark.ui.showConsoleProgress": "false",
                                      "spark.driver.memory": "768m"})
-
-
-def warm_metastore(spark: Any, workdir: Path) -> None:
-    """Create the metastore schema and every id sequence the sink's statements need, once."""
-    loc = workdir / "warmup"
-    spark.sql("CREATE DATABASE IF NOT EXISTS sluice_warmup")
-    spark.sql(f"CREATE TABLE IF NOT EXISTS sluice_warmup.t (a BIGINT, b STRING, p BIGINT) "
-              f"USING parquet PARTITIONED BY (p) LOCATION '{loc}/t'")
-    spark.sql(f"ALTER TABLE sluice_warmup.t ADD IF NOT EXISTS PARTITION (p=1) LOCATION '{loc}/p1'")
-    spark.sql(f"ALTER TABLE sluice_warmup.t PARTITION (p=1) SET LOCATION '{loc}/p1b'")
-    spark.sql("ALTER TABLE sluice_warmup.t ADD COLUMNS (c INT)")
-    spark.sql("ALTER TABLE sluice_warmup.t SET TBLPROPERTIES ('k' = 'v')")
-    spark.sql("CREATE VIEW IF NOT EXISTS sluice_warmup.v AS SELECT a FROM sluice_warmup.t")
-    spark.sql("ALTER VIEW sluice_warmup.v AS SELECT a, b FROM sluice_warmup.t")
-    spark.sql(f"CREATE TABLE IF NOT EXISTS sluice_warmup.j (x BIGINT, batch BIGINT) USING json "
-              f"PARTITIONED BY (batch) LOCATION '{loc}/j'")
-    spark.sql(f"ALTER TABLE sluice_warmup.j ADD IF NOT EXISTS PARTITION (batch=1) LOCATION '{loc}/j1'")
 
 
 @pytest.fixture(scope="module")
@@ -87,38 +66,14 @@ def spark_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEnv]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from sluice.spark_sink.session import session
     work = tmp_path_factory.mktemp("spark")
-    derby = DerbyServer(work / "derby", free_port()).start()
     spark = None
     try:
-        cfg = session_config(derby.port, work)
+        cfg = session_config(work)
         spark = session(cfg)
-        warm_metastore(spark, work)
-        yield SparkEnv(derby, spark, work, cfg)
+        yield SparkEnv(spark, work, cfg)
     finally:
         if spark is not None:
-            release_metastore_thread(spark)
             spark.stop()
-        derby.stop()
-
-
-def release_metastore_thread(spark: Any) -> None:
-    """Forget this thread's Hive metastore state. HMSHandler keeps a store and a configuration
-    per JVM thread (static thread-locals), from the first metastore the thread talked to; a
-    later session on another Derby, created in another thread, would reach this thread's stale
-    configuration and even re-point the JVM-wide DataNucleus factory at the stopped server
-    ("Connection refused" from the first statement this thread runs on the new session) —
-    measured: test_spark_crash then test_matrix in one pytest process."""
-    jvm = spark._jvm
-    handler = jvm.org.apache.hadoop.hive.metastore.HiveMetaStore.HMSHandler
-    store = handler.getRawStore()
-    if store is not None:
-        store.shutdown()
-    handler.removeRawStore()
-    field = jvm.java.lang.Class.forName(
-        "org.apache.hadoop.hive.metastore.HiveMetaStore$HMSHandler").getDeclaredField(
-        "threadLocalConf")
-    field.setAccessible(True)
-    field.get(None).remove()
 
 
 def run(coro: Any) -> Any:
@@ -195,15 +150,17 @@ async def drive(sink: Any, txns: list[Txn], schema: SchemaHistory, per_apply: in
     await sink.flush()
 
 
-def make_sink(env: SparkEnv, name: str, schema: SchemaHistory, epoch: int = 0, **kw: Any) -> Any:
-    """A spark sink named `name` on env's session and metastore (loaded like the drainer does)."""
+def make_sink(env: SparkEnv, name: str, schema: SchemaHistory, epoch: int = 0,
+              drainer: str = "", **kw: Any) -> Any:
+    """A spark sink named `name` on env's session and catalog (loaded like the drainer does)."""
     cfg = env.sink_config(name, **kw)
-    return load_sink("spark", cfg, schema=schema, source_name="src", epoch=epoch, spark=env.spark)
+    return load_sink("spark", cfg, schema=schema, source_name="src", epoch=epoch, spark=env.spark,
+                     drainer_name=drainer)
 
 
-def spark_sql_argv(metastore: str, *sql: str, limit: int = 100_000) -> list[str]:
-    """`sluice spark-sql --json` against `metastore` (host:port): a second JVM on the catalog."""
-    return sluice_argv("spark-sql", "--metastore", metastore, "--master", "local[1]", "--json",
+def spark_sql_argv(warehouse: str, *sql: str, limit: int = 100_000) -> list[str]:
+    """`sluice spark-sql --json` on the catalog of `warehouse`: a second JVM on the catalog."""
+    return sluice_argv("spark-sql", "--warehouse", warehouse, "--master", "local[1]", "--json",
                        "--limit", str(limit), *sql)
 
 
@@ -213,19 +170,19 @@ def child_env(**extra: str) -> dict[str, str]:
             **extra}
 
 
-def spark_sql_proc(metastore: str, cwd: Path, *sql: str) -> subprocess.Popen[str]:
+def spark_sql_proc(warehouse: str, cwd: Path, *sql: str) -> subprocess.Popen[str]:
     """Start `sluice spark-sql` in the background (stdout/stderr piped)."""
-    return subprocess.Popen(spark_sql_argv(metastore, *sql), cwd=cwd, env=child_env(),
+    return subprocess.Popen(spark_sql_argv(warehouse, *sql), cwd=cwd, env=child_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 # --------------------------------------------------------------------------------------------
-# A reader in a second JVM: `python -m tests.support.spark --metastore H:P --out F --stop S Q...`
+# A reader in a second JVM: `python -m tests.support.spark --warehouse W --out F --stop S Q...`
 # --------------------------------------------------------------------------------------------
 
-def reader_argv(metastore: str, out: Path, stop: Path, *sql: str) -> list[str]:
+def reader_argv(warehouse: str, out: Path, stop: Path, *sql: str) -> list[str]:
     import sys
-    return [sys.executable, "-m", "tests.support.spark", "--metastore", metastore,
+    return [sys.executable, "-m", "tests.support.spark", "--warehouse", warehouse,
             "--out", str(out), "--stop", str(stop), *sql]
 
 
@@ -238,12 +195,12 @@ def _reader_main() -> None:
 
     from sluice.spark_sink.session import session
     ap = argparse.ArgumentParser()
-    ap.add_argument("--metastore", required=True)
+    ap.add_argument("--warehouse", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--stop", required=True)
     ap.add_argument("sql", nargs="+")
     args = ap.parse_args()
-    spark = session(SessionConfig(master="local[1]", metastore=args.metastore, log_level="ERROR",
+    spark = session(SessionConfig(master="local[1]", warehouse=args.warehouse, log_level="ERROR",
                                   app_name="sluice-test-reader", shuffle_partitions=2,
                                   spark_conf={"spark.ui.showConsoleProgress": "false",
                                               "spark.driver.memory": "512m"}))
