@@ -128,12 +128,17 @@ class Ctx:
         """The cluster's registry; NotFound (exit 2) when etcd holds nothing of that cluster id,
         so a mistyped --cluster-id is not answered with an empty but successful listing."""
         if self._registry is None:
-            registry = Registry(self.etcd, self.config.cluster_id)
+            registry = self.keys
             if not registry.exists():
                 raise errors.NotFound(f"no cluster with id {self.config.cluster_id} in etcd at "
                                       f"{self.config.etcd}: check --cluster-id")
             self._registry = registry
         return self._registry
+
+    @property
+    def keys(self) -> Registry:
+        """The registry without the cluster check, for naming keys (no etcd call)."""
+        return Registry(self.etcd, self.config.cluster_id)
 
     def channel(self, addr: str) -> grpc.Channel:
         ch = self._channels.get(addr)
