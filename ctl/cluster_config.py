@@ -323,7 +323,10 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
                  "--listen-client-urls", f"{scheme}://{etcd_addr}",
                  "--advertise-client-urls", f"{scheme}://{etcd_addr}",
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"sluice={peer}", "--log-level", "warn"]
+                 "--initial-cluster", f"sluice={peer}", "--log-level", "warn",
+                 # zap honours --log-level for raft too (capnslog printed ~15 INFO lines and
+                 # two deprecation warnings at every start).
+                 "--logger", "zap"]
     if tls:
         etcd_argv += ["--cert-file", spec.security.ssl_cert, "--key-file", spec.security.ssl_key,
                       "--trusted-ca-file", spec.security.ssl_ca, "--client-cert-auth"]
