@@ -85,6 +85,17 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().add_usage(usage, actions, groups, prefix)
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser reports arguments it does not know itself, with its own usage (by
+    default argparse hands them up and `sluice ctl`'s usage is printed instead)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+
 def _use_formatter(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = _Formatter
     for action in parser._actions:
@@ -98,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "\n\n".join(__doc__.split("\n\n")[1:3])
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, suppress=True)
-    sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True,
+                                parser_class=_CommandParser)
     nodes.add_commands(sub, common)
     checkpoints.add_commands(sub, common)
     positions.add_commands(sub, common)

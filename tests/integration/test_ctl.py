@@ -199,6 +199,7 @@ def test_unknown_cluster_id_is_exit_2_not_an_empty_listing(live: Live) -> None:
     (["pause-pump"], "usage: sluice ctl pause-pump [options] [-h] [--wait] "
                      "[--wait-timeout SECONDS] ID"),
     ([], "usage: sluice ctl [options] [-h] COMMAND ..."),
+    (["pumps", "--bogus"], "usage: sluice ctl pumps [options] [-h]"),
     (["checkpoint", "set", "d1"], "usage: sluice ctl checkpoint set [options] [-h] --commit-ts TS "
                                   "[--position PRODUCER=POS] NAME"),
 ])
