@@ -6,6 +6,7 @@ import datetime as dt
 import re
 
 from sluice.core.errors import ConfigError
+from sluice.core.etcd import check_endpoints
 from sluice.core.tls import SecurityConfig
 
 _GTID_LIST = re.compile(r"\d+-\d+-\d+(,\d+-\d+-\d+)*")
@@ -85,6 +86,7 @@ class CaptureConfig:
         return int(when.timestamp() * 1000)
 
     def validate(self, where: str) -> None:
+        check_endpoints(self.etcd, f"{where}: key 'etcd'")
         sp = self.start_position
         ok = sp in ("earliest", "latest") or (sp.startswith("gtid:") and _GTID_LIST.fullmatch(sp[5:]))
         if not ok and sp.startswith("timestamp:"):

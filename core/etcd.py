@@ -18,7 +18,7 @@ import grpc
 import pyetcd
 from pyetcd import exceptions as etcd_exc
 
-from .errors import EtcdUnavailable
+from .errors import ConfigError, EtcdUnavailable
 from .tls import SecurityConfig
 
 log = logging.getLogger(__name__)
@@ -28,14 +28,29 @@ ENDPOINT_RETRY_S = 1.0
 
 
 def parse_endpoints(endpoints: str | list[str]) -> list[tuple[str, int]]:
+    """`host:port[,host:port...]` (an optional http:// or https:// is dropped; a bare port means
+    127.0.0.1) -> [(host, port)]. ConfigError naming the bad endpoint otherwise."""
     if isinstance(endpoints, str):
         endpoints = [e for e in endpoints.split(",") if e.strip()]
     out = []
     for ep in endpoints:
-        ep = ep.strip().removeprefix("http://").removeprefix("https://")
-        host, _, port = ep.rpartition(":")
+        text = ep.strip().removeprefix("http://").removeprefix("https://").rstrip("/")
+        host, _, port = text.rpartition(":")
+        if not port.isdigit() or not 0 < int(port) < 65536 or any(c in host for c in "/ "):
+            raise ConfigError(f"etcd endpoint {ep.strip()!r} is not host:port "
+                              "(e.g. 127.0.0.1:2379; several separated by commas)")
         out.append((host or "127.0.0.1", int(port)))
     return out
+
+
+def check_endpoints(endpoints: str | list[str], where: str) -> None:
+    """ConfigError `<where>: ...` unless endpoints parse (checked with the config, before any
+    connection is tried)."""
+    try:
+        if not parse_endpoints(endpoints):
+            raise ConfigError("no etcd endpoints (set host:port, e.g. 127.0.0.1:2379)")
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 class Etcd:
@@ -85,6 +100,12 @@ class Etcd:
             resp = self.client.get_prefix_response(prefix)
             kvs = [(kv.value, _Meta(kv)) for kv in resp.kvs]
             return kvs, resp.header.revision
+
+    def has_prefix(self, prefix: str) -> bool:
+        """Whether any key starts with prefix (one count-only range request, no values read)."""
+        with self.errors(f"count {prefix}"):
+            resp = self.client.get_prefix_response(prefix, count_only=True)
+            return resp.count > 0
 
     def put(self, key: str, value: bytes | str, lease: int | None = None) -> int:
         """Returns the revision of the write."""

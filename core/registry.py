@@ -168,6 +168,12 @@ class Registry:
             raise InvalidArgument("empty cluster key path")
         return self.root + path
 
+    def exists(self) -> bool:
+        """Whether anything of this cluster is in etcd. Nothing marks a cluster as created: the
+        first TSO writes its window and every node its status, all under the cluster's root, so
+        a cluster id with no key at all is one no process of ours has ever run with."""
+        return self.etcd.has_prefix(self.root)
+
     # -- nodes -----------------------------------------------------------------------------
     def register(self, status: NodeStatus, force: bool = False) -> NodeStatus:
         """Create the node's status, or replace an existing one along a legal transition."""

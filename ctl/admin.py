@@ -66,13 +66,51 @@ def _add_common(p: argparse.ArgumentParser, suppress: bool) -> None:
     return p
 
 
+# Destinations of the options _add_common adds: usage lines show them as one "[options]".
+COMMON_DESTS = frozenset({"etcd", "cluster_id", "config", "timeout", "ssl_ca", "ssl_cert",
+                          "ssl_key", "json", "log_level", "log_file"})
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Usage lines without the ten common options (`--help` still lists them): a usage error
+    shows what the command itself takes, not eight lines of cluster and output options."""
+
+    def add_usage(self, usage, actions, groups, prefix=None):  # type: ignore[no-untyped-def]
+        if usage is None:
+            own = [a for a in actions if a.dest not in COMMON_DESTS]
+            if len(own) < len(actions):
+                text = self._format_usage(None, own, [], "").strip()
+                prog = self._prog
+                usage = prog + " [options]" + text[len(prog):] if text.startswith(prog) else text
+        super().add_usage(usage, actions, groups, prefix)
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser reports arguments it does not know itself, with its own usage (by
+    default argparse hands them up and `sluice ctl`'s usage is printed instead)."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+
+def _use_formatter(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = _Formatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _use_formatter(sub)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_common(parser, suppress=False)
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "\n\n".join(__doc__.split("\n\n")[1:3])
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, suppress=True)
-    sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True,
+                                parser_class=_CommandParser)
     nodes.add_commands(sub, common)
     checkpoints.add_commands(sub, common)
     positions.add_commands(sub, common)
@@ -80,6 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     txns.add_commands(sub, common)
     snapshots.add_commands(sub, common)
     verify.add_commands(sub, common)
+    _use_formatter(parser)
 
 
 def execute(args: argparse.Namespace, out=None, err=None) -> int:  # type: ignore[no-untyped-def]

@@ -143,7 +143,8 @@ def running(r: Recorded) -> bool:
 
 
 def start_process(p: ProcessPlan) -> Recorded:
-    Path(p.data_dir).mkdir(parents=True, exist_ok=True)
+    # Private, as etcd wants its data dir (it warns at every start otherwise).
+    Path(p.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     Path(p.log).parent.mkdir(parents=True, exist_ok=True)
     with open(p.log, "ab") as log:
         log.write(f"---- {time.strftime('%Y-%m-%dT%H:%M:%S')} sluice cluster starts "

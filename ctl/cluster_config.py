@@ -41,12 +41,6 @@ PROCESS_CONFIGS: dict[str, str] = {
     "ctl": "sluice.ctl.context:CtlConfig",
 }
 
-# A sink class `XSink` keeps its `[to]` options in `XSinkConfig` beside it (FileSink ->
-# FileSinkConfig); the drainer registry `SINKS` names the sink classes. Where the options class
-# lives elsewhere (or the sink module is not written yet), it is named here.
-SINK_CONFIG_SUFFIX = "Config"
-SINK_CONFIGS: dict[str, str] = {"spark": "sluice.spark_sink.config:SparkSinkConfig"}
-
 DERBY_JARS = ("derby.jar", "derbynet.jar")
 
 
@@ -75,17 +69,19 @@ def config_class(kind: str) -> type | None:
 
 def sink_config_class(sink: str) -> type | None:
     """The options dataclass of a drainer sink (`[to]`), or None when the sink is not in this build."""
-    from sluice.drainer.sink import SINKS
-    target = SINKS.get(sink)
-    if target is None:
-        raise ConfigError(f"unknown sink '{sink}' (known: {', '.join(sorted(SINKS))})")
-    return _import(target + SINK_CONFIG_SUFFIX) or (
-        _import(SINK_CONFIGS[sink]) if sink in SINK_CONFIGS else None)
+    from sluice.drainer.sink import SINK_CONFIGS, sink_config_class as lookup
+    if sink not in SINK_CONFIGS:
+        raise ConfigError(f"unknown sink '{sink}' (known: {', '.join(sorted(SINK_CONFIGS))})")
+    try:
+        return lookup(sink)
+    except ConfigError:
+        return None
 
 
 def validate(kind: str, data: dict[str, Any], where: str) -> Any:
-    """Load `data` (a TOML-shaped dict) through the real config class of `kind`; ConfigError if
-    a key is unknown, mistyped or invalid. Returns the config object."""
+    """Load `data` (a TOML-shaped dict) through the real config class of `kind` and its own
+    checks (a drainer's include its sink's `[to]`); ConfigError if a key is unknown, mistyped or
+    invalid. Returns the config object."""
     cls = config_class(kind)
     if cls is None:
         raise ConfigError(f"{where}: `sluice {kind}` is not part of this build yet")
@@ -95,12 +91,6 @@ def validate(kind: str, data: dict[str, Any], where: str) -> Any:
         if callable(method):
             method(where)
             break
-    if kind == "drainer":
-        sink_cls = sink_config_class(conf.sink)
-        if sink_cls is None:
-            raise ConfigError(f"{where}: sink '{conf.sink}' is not part of this build yet")
-        from sluice.drainer.sink import options_to_config
-        options_to_config(sink_cls, conf.to, f"{where} [to]")
     return conf
 
 
@@ -333,7 +323,10 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
                  "--listen-client-urls", f"{scheme}://{etcd_addr}",
                  "--advertise-client-urls", f"{scheme}://{etcd_addr}",
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"sluice={peer}", "--log-level", "warn"]
+                 "--initial-cluster", f"sluice={peer}", "--log-level", "warn",
+                 # zap honours --log-level for raft too (capnslog printed ~15 INFO lines and
+                 # two deprecation warnings at every start).
+                 "--logger", "zap"]
     if tls:
         etcd_argv += ["--cert-file", spec.security.ssl_cert, "--key-file", spec.security.ssl_key,
                       "--trusted-ca-file", spec.security.ssl_ca, "--client-cert-auth"]

@@ -22,7 +22,7 @@ import grpc
 
 from sluice.core import config as cfgmod
 from sluice.core import errors, grpcutil
-from sluice.core.etcd import Etcd
+from sluice.core.etcd import Etcd, check_endpoints
 from sluice.core.registry import NodeInfo, NodeKind, Registry
 from sluice.core.tls import SecurityConfig
 
@@ -69,12 +69,14 @@ def load_config(args: argparse.Namespace, environ: dict[str, str] | None = None)
             raise errors.ConfigError(f"{path}: invalid TOML: {e}") from None
         data = {k: raw[k] for k in _FILE_KEYS if k in raw}
     conf = cfgmod.from_dict(CtlConfig, data, where)
+    etcd_from = f"{where}: key 'etcd'"
     if env.get(ENV_ETCD):
-        conf.etcd = env[ENV_ETCD]
+        conf.etcd, etcd_from = env[ENV_ETCD], f"environment {ENV_ETCD}"
     if env.get(ENV_CLUSTER_ID):
         conf.cluster_id = _cluster_id(env[ENV_CLUSTER_ID], f"environment {ENV_CLUSTER_ID}")
     if getattr(args, "etcd", None):
-        conf.etcd = args.etcd
+        conf.etcd, etcd_from = args.etcd, "--etcd"
+    check_endpoints(conf.etcd, etcd_from)
     if getattr(args, "cluster_id", None) is not None:
         conf.cluster_id = args.cluster_id
     if getattr(args, "timeout", None) is not None:
@@ -123,9 +125,20 @@ class Ctx:
 
     @property
     def registry(self) -> Registry:
+        """The cluster's registry; NotFound (exit 2) when etcd holds nothing of that cluster id,
+        so a mistyped --cluster-id is not answered with an empty but successful listing."""
         if self._registry is None:
-            self._registry = Registry(self.etcd, self.config.cluster_id)
+            registry = self.keys
+            if not registry.exists():
+                raise errors.NotFound(f"no cluster with id {self.config.cluster_id} in etcd at "
+                                      f"{self.config.etcd}: check --cluster-id")
+            self._registry = registry
         return self._registry
+
+    @property
+    def keys(self) -> Registry:
+        """The registry without the cluster check, for naming keys (no etcd call)."""
+        return Registry(self.etcd, self.config.cluster_id)
 
     def channel(self, addr: str) -> grpc.Channel:
         ch = self._channels.get(addr)

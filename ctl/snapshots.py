@@ -81,7 +81,7 @@ def _sender(verb: str):  # type: ignore[no-untyped-def]
         doc = {"id": sid, "type": f"{verb}-snapshot", "data": data}
         if args.signal_table or args.source:
             return _send_to_table(ctx, args, doc)
-        key = etcd_signal_prefix(ctx.registry, args.producer) + sid
+        key = etcd_signal_prefix(ctx.keys, args.producer) + sid
         value = json.dumps(doc, sort_keys=True)
         parse_etcd_signal(key, value)     # InvalidSignal (exit 2) before anything is written
         if ctx.registry.get(NodeKind.PRODUCER, args.producer) is None:

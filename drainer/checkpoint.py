@@ -54,7 +54,8 @@ def write_checkpoint(registry: Registry, name: str, cp: Checkpoint,
     try:
         registry.update(NodeKind.DRAINER, name, mirror)
     except NotFound:
-        log.info("drainer %s has no status yet; checkpoint %d stored without a status mirror",
+        # Every first start saves a checkpoint before registering: expected, not news.
+        log.debug("drainer %s has no status yet; checkpoint %d stored without a status mirror",
                  name, cp.commit_ts)
 
 

@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.core.errors import ConfigError
+from sluice.core.etcd import check_endpoints
 from sluice.core.tls import SecurityConfig
-from sluice.drainer.filter import FilterConfig
+from sluice.drainer.filter import FilterConfig, TxnFilter
+from sluice.drainer.sink import sink_options
 
 
 @dataclass
@@ -69,6 +71,25 @@ class DrainerConfig:
             if not 0 < self.ha_margin < self.alive_ttl / 2:
                 raise ConfigError(f"ha-margin must be > 0 and < alive-ttl / 2 "
                                   f"({self.alive_ttl / 2:g}), got {self.ha_margin}")
+
+    def validate(self, where: str) -> None:
+        """Everything a drainer can check before its first network call, so a typo is reported
+        as a typo (exit 2) even with etcd down: the endpoints, the filter, and the sink's `[to]`
+        table through the sink's own config class (drainer/sink.py SINK_CONFIGS)."""
+        check_endpoints(self.etcd, f"{where}: key 'etcd'")
+        try:
+            active = TxnFilter(self.filter).active
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        if self.sink == "grpc" and active:
+            raise ConfigError(f"{where}: [filter] is set but the grpc sink forwards binlogs as "
+                              "stored: filter in its consumers, or drop the [filter] table")
+        try:
+            sink_options(self.sink, self.to, where)
+        except ConfigError as e:
+            text = str(e)
+            raise ConfigError(text if text.startswith(where) else
+                              f"{where}: key 'sink': {text}") from None
 
     def resolved_name(self) -> str:
         return self.name or "drainer-" + (self.advertise_addr or self.addr).replace(":", "-")

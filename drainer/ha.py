@@ -388,5 +388,6 @@ class FencedCheckpointStore:
         try:
             self.registry.update(NodeKind.DRAINER, self.name, mirror)
         except NotFound:
-            log.info("drainer %s has no status yet; checkpoint %d stored without a status mirror",
+            # Every first start saves a checkpoint before registering: expected, not news.
+            log.debug("drainer %s has no status yet; checkpoint %d stored without a status mirror",
                      self.name, cp.commit_ts)

@@ -186,7 +186,8 @@ class Merger:
             log.debug("source %s already in the merge", source_id)
             return False
         self._sources[source_id] = _Source(source_id, after_ts)
-        log.info("source %s joined the merge after ts %d (merge watermark %d)",
+        # debug: the drainer logs the join at info, with the pump's address.
+        log.debug("source %s joined the merge after ts %d (merge watermark %d)",
                  source_id, after_ts, self._mw)
         return True
 

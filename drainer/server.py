@@ -100,7 +100,9 @@ def load_config(args: argparse.Namespace) -> DrainerConfig:
         overrides.append(f"initial-commit-ts={args.initial_commit_ts}")
     if getattr(args, "ha", None):
         overrides.append("ha=true")
-    return cfg.load(DrainerConfig, args.config, overrides)
+    config = cfg.load(DrainerConfig, args.config, overrides)
+    config.validate(str(args.config or "<defaults>"))
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,9 +124,7 @@ def tune_gc() -> None:
 
 
 def check_prerequisites(config: DrainerConfig) -> None:
-    if config.sink == "grpc" and TxnFilter(config.filter).active:
-        raise errors.ConfigError("[filter] is set but the grpc sink forwards binlogs as stored: "
-                                 "filter in its consumers, or drop the [filter] table")
+    """What needs the network (the config itself was checked by load_config)."""
     etcd = Etcd(config.etcd, config.security, timeout=3)
     try:
         etcd.revision()

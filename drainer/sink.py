@@ -126,6 +126,21 @@ SINKS: dict[str, str] = {
     "spark": "sluice.spark_sink.sink:SparkSink",
 }
 
+# sink name -> "module:ConfigClass" of its `[to]` table. Kept apart from SINKS so a drainer
+# checks its whole config before any side effect without importing a sink's runtime (the Spark
+# sink's module pulls in pyarrow and the session machinery; its config module is plain Python).
+SINK_CONFIGS: dict[str, str] = {
+    "file": "sluice.drainer.sinks.file:FileSinkConfig",
+    "grpc": "sluice.drainer.sinks.grpc:GrpcSinkConfig",
+    "mysql": "sluice.drainer.sinks.mysql:MySQLSinkConfig",
+    "spark": "sluice.spark_sink.config:SparkSinkConfig",
+}
+
+
+def sink_table(name: str) -> str:
+    """How error messages name a sink's options: the table the user wrote, and the sink."""
+    return f"[to] ({name} sink)"
+
 
 def load_sink(name: str, options: Any, **context: Any) -> Sink:
     """Import the sink registered as `name` (lazily: only the chosen sink's dependencies load)."""
@@ -134,10 +149,41 @@ def load_sink(name: str, options: Any, **context: Any) -> Sink:
 
 def sink_class(name: str) -> type[Sink]:
     """The Sink class registered as `name`, imported on first use."""
-    target = SINKS.get(name)
+    cls = _registered(name, SINKS)
+    if not (isinstance(cls, type) and issubclass(cls, Sink)):
+        raise ConfigError(f"sink '{name}' is not present in this build "
+                          f"({SINKS[name]} is not a Sink class)")
+    return cls
+
+
+def sink_config_class(name: str) -> type:
+    """The options dataclass of the sink registered as `name` (its `[to]` table)."""
+    cls = _registered(name, SINK_CONFIGS)
+    if not dataclasses.is_dataclass(cls):
+        raise ConfigError(f"sink '{name}' is not present in this build "
+                          f"({SINK_CONFIGS[name]} is not a config class)")
+    return cls  # type: ignore[return-value]
+
+
+def sink_options(name: str, options: Any, where: str = "") -> Any:
+    """`[to]` checked through the sink's config class; errors read
+    `<where>: [to] (<name> sink): <problem>`, e.g. `drainer.toml: [to] (mysql sink): unknown key
+    'hots' (did you mean 'host'?)`."""
+    cls = sink_config_class(name)
+    table = f"{where}: {sink_table(name)}" if where else sink_table(name)
+    try:
+        return options_to_config(cls, options, table)
+    except ConfigError as e:
+        text = str(e)
+        # Checks in a config class's __post_init__ do not know the file: name it here.
+        raise ConfigError(text if text.startswith(table) else f"{table}: {text}") from None
+
+
+def _registered(name: str, registry: dict[str, str]) -> Any:
+    target = registry.get(name)
     if target is None:
-        raise ConfigError(f"unknown sink '{name}' (known: {', '.join(sorted(SINKS))})")
-    module_name, _, class_name = target.partition(":")
+        raise ConfigError(f"unknown sink '{name}' (known: {', '.join(sorted(registry))})")
+    module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
@@ -146,8 +192,4 @@ def sink_class(name: str) -> type[Sink]:
                               f"(module {module_name} not found)") from None
         raise ConfigError(f"sink '{name}' cannot be loaded: missing dependency {e.name!r} "
                           f"(install it, or choose another sink)") from None
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Sink)):
-        raise ConfigError(f"sink '{name}' is not present in this build "
-                          f"({module_name} has no Sink class {class_name})")
-    return cls
+    return getattr(module, attr, None)

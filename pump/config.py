@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sluice.core.errors import ConfigError
+from sluice.core.etcd import check_endpoints
 from sluice.core.tls import SecurityConfig
 
 
@@ -36,6 +38,12 @@ class PumpConfig:
     metrics_addr: str = ""
     storage: StorageConfig = field(default_factory=StorageConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def validate(self, where: str) -> None:
+        """What a pump checks before any side effect (data dir, etcd)."""
+        check_endpoints(self.etcd, f"{where}: key 'etcd'")
+        if self.replicas < 1:
+            raise ConfigError(f"{where}: key 'replicas' is {self.replicas}: must be >= 1")
 
     def resolved_node_id(self) -> str:
         return self.node_id or "pump-" + (self.advertise_addr or self.addr).replace(":", "-")

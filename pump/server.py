@@ -51,7 +51,9 @@ def load_config(args: argparse.Namespace) -> PumpConfig:
         value = getattr(args, flag, None)
         if value:
             overrides.append(f'{key}="{value}"')
-    return cfg.load(PumpConfig, args.config, overrides)
+    config = cfg.load(PumpConfig, args.config, overrides)
+    config.validate(str(args.config or "<defaults>"))
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,8 +74,6 @@ def check_prerequisites(config: PumpConfig) -> None:
     except OSError as e:
         raise errors.ConfigError(f"data-dir {data}: not writable ({e.strerror}); "
                                  "fix its permissions or choose another data-dir") from None
-    if config.replicas < 1:
-        raise errors.ConfigError(f"replicas = {config.replicas}: must be >= 1")
     etcd = Etcd(config.etcd, config.security, timeout=3)
     try:
         etcd.revision()

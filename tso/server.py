@@ -22,7 +22,7 @@ import grpc
 from sluice.core import config, failpoint, grpcutil
 from sluice.core import log as slog
 from sluice.core.errors import ConfigError, EtcdUnavailable, InvalidArgument, Unavailable
-from sluice.core.etcd import Etcd
+from sluice.core.etcd import Etcd, check_endpoints
 from sluice.core.log import kv
 from sluice.core.metrics import Metrics
 from sluice.core.tls import SecurityConfig
@@ -63,8 +63,7 @@ class TSOConfig:
             raise ConfigError(f"{where}: key 'window-ms' must be >= 2, got {self.window_ms}")
         if ":" not in self.addr:
             raise ConfigError(f"{where}: key 'addr' must be host:port, got {self.addr!r}")
-        if not self.etcd.strip():
-            raise ConfigError(f"{where}: key 'etcd' is empty (set etcd endpoints host:port)")
+        check_endpoints(self.etcd, f"{where}: key 'etcd'")
         return self
 
     @property

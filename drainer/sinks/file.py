@@ -25,7 +25,7 @@ from sluice.core import ts as _ts
 from sluice.core.errors import ConfigError, CorruptRecord, InvalidArgument, SluiceError
 from sluice.core.fsync import fsync_path
 from sluice.core.rowcodec import row_to_dict
-from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_config
+from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, sink_options
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 
@@ -141,7 +141,7 @@ class FileSink(Sink):
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> FileSink:
-        cfg = options_to_config(FileSinkConfig, options, "[sink] file")
+        cfg = sink_options(cls.name, options)
         schema = context.get("schema")
         if schema is None:
             raise InvalidArgument("file sink needs the drainer's schema lookup (context 'schema')")

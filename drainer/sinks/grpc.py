@@ -42,7 +42,7 @@ from itertools import accumulate
 from typing import Any, NamedTuple, Protocol
 
 from sluice.core.errors import ConfigError, InvalidArgument, OutOfRange
-from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_config
+from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, sink_options
 from sluice.drainer.txn import Txn, frame
 from sluice.proto import sluice_pb2 as pb
 
@@ -129,7 +129,7 @@ class GrpcSink(Sink):
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> GrpcSink:
-        return cls(options_to_config(GrpcSinkConfig, options or {}, "[to] grpc sink"))
+        return cls(sink_options(cls.name, options or {}))
 
     # -- Sink --------------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ from sluice.core.marks import APPLY_MARK
 from sluice.core.errors import ConfigError, InvalidArgument, SluiceError, StaleEpoch
 from sluice.core.metrics import Metrics
 from sluice.drainer.causality import Dispatcher
-from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_config
+from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, sink_options
 from sluice.drainer.sql import IDEMPOTENT_DDL_ERRORS, batch_sql, ddl_sql, ddl_target, quote_id, row_sql
 from sluice.drainer.translator import RowChange, Translator
 from sluice.drainer.txn import SchemaLookup, Txn
@@ -202,7 +202,7 @@ class MySQLSink(Sink):
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> MySQLSink:
-        cfg = options_to_config(MySQLSinkConfig, options, "[sink] mysql")
+        cfg = sink_options(cls.name, options)
         schema = context.get("schema")
         if schema is None:
             raise InvalidArgument("mysql sink needs the drainer's schema lookup (context 'schema')")

@@ -94,6 +94,18 @@ def test_up_status_logs_down_leaves_no_process(cluster_dir: Path, tmp_path: Path
     logs = cli("logs", "--dir", str(cluster_dir), "pump-1", "-n", "5")
     assert logs.returncode == 0 and "pump pump-1" in logs.stdout, logs.stdout + logs.stderr
 
+    # Quiet logs: a normal start writes no warning or error line, and a few lines per
+    # process (etcd: its one unavoidable warning, not its raft chatter).
+    for r in state.processes:
+        lines = [line for line in Path(r.log).read_text().splitlines()
+                 if not line.startswith("---- ")]
+        if r.kind == "etcd":
+            assert len(lines) <= 2 and not any('"level":"error"' in line for line in lines), lines
+            continue
+        loud = [line for line in lines if line.split()[1:2] in (["WARNING"], ["ERROR"],
+                                                                ["CRITICAL"])]
+        assert not loud and len(lines) <= 12, (r.name, lines)
+
     down = cli("down", "--dir", str(cluster_dir))
     assert down.returncode == 0, down.stdout + down.stderr
     for r in state.processes:

@@ -169,6 +169,57 @@ def test_etcd_down_is_exit_1_with_one_line(tmp_path: Path) -> None:
         assert lines[0].startswith("sluice ctl: ") and f"127.0.0.1:{port}" in lines[0]
 
 
+def test_malformed_etcd_address_is_one_line_exit_2() -> None:
+    """A malformed address is bad usage: one line naming the flag and the value, exit 2 —
+    not a traceback."""
+    r = subprocess.run(sluice_argv("ctl", "--etcd", "garbage", "pumps"), capture_output=True,
+                       text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "sluice ctl: --etcd: etcd endpoint 'garbage' is not host:port (e.g. 127.0.0.1:2379; "
+        "several separated by commas)"]
+
+
+def test_unknown_cluster_id_is_exit_2_not_an_empty_listing(live: Live) -> None:
+    """A cluster id etcd holds nothing of is an unknown cluster (exit 2, one line saying so),
+    not "no pumps registered" with exit 0; the real cluster id still lists its pumps."""
+    r = subprocess.run(sluice_argv("ctl", "--etcd", live.etcd_endpoint, "--cluster-id", "99",
+                                   "pumps"), capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"sluice ctl: no cluster with id 99 in etcd at {live.etcd_endpoint}: check --cluster-id"]
+    assert r.stdout == ""
+    for args in (["drainers", "--json"], ["checkpoint", "show", "d1"], ["pause-pump", "pump-1"]):
+        r2 = ctl_in(live.etcd_endpoint, 99, *args)
+        assert r2.code == 2 and "no cluster with id 99" in r2.err, (args, r2)
+    assert live.ctl_in("pumps", "--json").code == 0
+
+
+@pytest.mark.parametrize("args,usage", [
+    (["pause-pump"], "usage: sluice ctl pause-pump [options] [-h] [--wait] "
+                     "[--wait-timeout SECONDS] ID"),
+    ([], "usage: sluice ctl [options] [-h] COMMAND ..."),
+    (["pumps", "--bogus"], "usage: sluice ctl pumps [options] [-h]"),
+    (["checkpoint", "set", "d1"], "usage: sluice ctl checkpoint set [options] [-h] --commit-ts TS "
+                                  "[--position PRODUCER=POS] NAME"),
+])
+def test_usage_error_shows_the_commands_usage_only(args: list[str], usage: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A usage error shows the command's own usage in one line and the error — the cluster and
+    output options every command takes are `[options]` there (listed by --help)."""
+    parser, _ = cli.command_parser("ctl")
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(args)
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == usage and len(lines) == 2, lines
+    assert "error:" in lines[1]
+    parser, _ = cli.command_parser("ctl")
+    with pytest.raises(SystemExit):
+        parser.parse_args([*args[:2], "--help"] if args else ["--help"])
+    assert "--ssl-ca" in capsys.readouterr().out     # --help still lists every option
+
+
 def test_settings_from_env_and_config_file(live: Live, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     conf = tmp_path / "drainer.toml"   # any process's file: only etcd / cluster-id are read
@@ -184,9 +235,10 @@ def test_settings_from_env_and_config_file(live: Live, tmp_path: Path,
     out = io.StringIO()
     assert admin.execute(parser.parse_args(["--json", "pumps"]), out=out) == 0
     assert {"pump-1", "pump-2"} <= set(by_id(json.loads(out.getvalue())))
-    out = io.StringIO()   # flags beat the environment
-    assert admin.execute(parser.parse_args(["--cluster-id", "99", "pumps", "--json"]), out=out) == 0
-    assert json.loads(out.getvalue()) == []
+    err = io.StringIO()   # flags beat the environment
+    assert admin.execute(parser.parse_args(["--cluster-id", "99", "pumps", "--json"]),
+                         err=err) == 2
+    assert "no cluster with id 99" in err.getvalue()
 
 
 # -- pump states -------------------------------------------------------------------------------

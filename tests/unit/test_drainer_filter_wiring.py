@@ -51,8 +51,8 @@ def test_filter_and_ha_keys_are_checked_at_load() -> None:
 
 
 def test_grpc_sink_refuses_a_filter_at_start() -> None:
-    """The grpc sink forwards binlogs as stored: a [filter] with it is a start-up error."""
-    from sluice.drainer.server import check_prerequisites
+    """The grpc sink forwards binlogs as stored: a [filter] with it is a config error, found
+    with the rest of the config (before any network call)."""
     cfg = config.load(DrainerConfig, None, ['sink="grpc"', 'filter.ignore-db=["x"]'])
-    with pytest.raises(ConfigError, match=r"\[filter\] is set but the grpc sink"):
-        check_prerequisites(cfg)
+    with pytest.raises(ConfigError, match=r"^drainer.toml: \[filter\] is set but the grpc sink"):
+        cfg.validate("drainer.toml")
