@@ -27,10 +27,11 @@ from sluice.core.errors import FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink.types import UnsupportedType, castable, spark_type, widens
 
-# Metadata columns of the changelog, first, in this order.
+# Metadata columns of the changelog, first, in this order. (`_position`, not `_pos`: Iceberg
+# reserves `_pos` for its row-position metadata column and refuses to scan a table that has one.)
 CHANGELOG_META: tuple[tuple[str, str], ...] = (
     ("_op", "STRING"), ("_commit_ts", "BIGINT"), ("_seq", "INT"), ("_schema_ver", "BIGINT"),
-    ("_producer", "STRING"), ("_pos", "STRING"), ("_ts_ms", "BIGINT"),
+    ("_producer", "STRING"), ("_position", "STRING"), ("_ts_ms", "BIGINT"),
     ("_zero_dates", "ARRAY<STRING>"),
 )
 # Metadata columns of the current table, after the source columns.
