@@ -403,16 +403,20 @@ def test_status_lifecycle_online_pause_resume_offline(
 
 def test_undecodable_payload_stops_the_drainer_naming_pump_and_commit_ts(
         cluster: Cluster, retired: list[str], registry: Registry) -> None:
-    """A transaction whose binlogs cannot be decoded is never skipped silently: the drainer
-    stops naming the pump and commit_ts, with everything before it applied and nothing of it
-    written; with skip-corrupt = true it drops it and goes on."""
+    """A transaction whose binlogs cannot be decoded into row changes is never skipped
+    silently: the drainer stops naming the pump and commit_ts, with everything before it applied
+    and nothing of it written; with skip-corrupt = true it drops it and goes on. (Pumps refuse
+    prewrite values that do not parse at all, so the corrupt one here parses but holds an
+    insert without its row image.)"""
     t0 = fresh_ts(cluster)
     w = writer_for(cluster, "corrupt", seed=9)
     retired.append("d-corrupt")
     w.declare("pump-1")
     w.write(20, ["pump-1"], group=20)
     s = w.ts.get()
-    w._write("pump-2", [prewrite(s, b"\xff\xff\xff\xff not a PrewriteValue")])
+    broken = pb.PrewriteValue(schema_version=1, mutations=[pb.TableMutation(
+        table_id=w.tables[0].table_id, changes=[pb.RowChange(tp=pb.INSERT)])])
+    w._write("pump-2", [prewrite(s, broken.SerializeToString(), producer=w.producer)])
     c = w.ts.get()
     w._write("pump-2", [commit(s, c)])
     good_before = list(w.acked)
