@@ -554,11 +554,32 @@ class DrainerServer:
             await self._remove_pump(pump_id, why)
 
     async def on_notify(self, pump_id: str, addr: str) -> None:
-        """Cistern.Notify: the pump joins the merge before we reply (it writes only after)."""
-        old = self.pump_status.get(pump_id)
-        self.pump_status[pump_id] = NodeStatus(
-            node_id=pump_id, kind=NodeKind.PUMP, addr=addr, state=NodeState.ONLINE,
-            max_commit_ts=old.max_commit_ts if old else 0)
+        """Cistern.Notify: the pump joins the merge before we reply (it writes only after).
+
+        Only a pump the registry holds, at that address, online and alive, is admitted (a pump
+        registers and starts its heartbeat before it notifies, DESIGN §4); anything else is
+        FAILED_PRECONDITION and changes nothing, so no request from an unregistered peer can
+        put a source into the merge, where it would hold every transaction after it."""
+        try:
+            info = await asyncio.to_thread(self.registry.get, NodeKind.PUMP, pump_id)
+        except errors.InvalidArgument as e:
+            raise errors.FailedPrecondition(f"Notify refused: {e}") from None
+        where = f"in the registry of cluster {self.config.cluster_id}"
+        if info is None:
+            raise errors.FailedPrecondition(
+                f"Notify refused: pump {pump_id!r} is not registered {where}; a pump registers "
+                "itself (online, alive) before it notifies drainers")
+        st = info.status
+        if st.addr != addr:
+            raise errors.FailedPrecondition(
+                f"Notify refused: pump {pump_id!r} notified from address {addr!r} but is "
+                f"registered at {st.addr!r} {where}")
+        if st.state != NodeState.ONLINE or not info.alive:
+            raise errors.FailedPrecondition(
+                f"Notify refused: pump {pump_id!r} is {st.state.value}"
+                f"{'' if info.alive else ' and not alive'} {where}; only an online, alive pump "
+                "joins the merge by Notify")
+        self.pump_status[pump_id] = st
         if self.merger is None:
             # Paused or not started: the list that follows going online will find the pump.
             log.info("pump %s notified while this drainer is %s", pump_id, self.state)
