@@ -43,6 +43,7 @@ from .gc import GCStats, SegmentSummary
 from .reader import CommitReader
 from .schema import multipart_schema_tables, schema_tables
 from .sorter import Pending, Sorter, UnresolvedTxn, check_commit, check_part
+from .valuecheck import check_multipart_value
 from .vlog import HEADER_SIZE, Location, ValueLog
 
 log = logging.getLogger(__name__)
@@ -767,9 +768,14 @@ class Storage:
             st.meta.append((key, h, 0, start_ts, start_ts))
             if adm is not None and part_count > 1 and p.complete:
                 # The parts add up only now: the whole value must decode before the last part
-                # is acknowledged (the commit could never be read otherwise).
-                self._admit_value(adm, i, start_ts,
-                                  self._multipart_value(st, grp, start_ts, part_count))
+                # is acknowledged (the commit could never be read otherwise). Streamed over the
+                # stored parts: memory stays bounded whatever the transaction's size.
+                try:
+                    check_multipart_value(self._multipart_parts(st, grp, start_ts, part_count))
+                except (ValueError, IndexError, DecodeError, OSError) as e:
+                    raise InvalidArgument(
+                        f"binlog {i}: prewrite start_ts={start_ts}: prewrite_value of its "
+                        f"{part_count} parts joined is not a valid PrewriteValue: {e}") from None
         elif tp == _COMMIT:
             commit_ts = b.commit_ts
             if commit_ts <= start_ts:
@@ -1050,24 +1056,10 @@ class Storage:
         except SluiceError as e:
             raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: {e}") from None
 
-    def _multipart_value(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int) -> bytes:
-        """The whole prewrite value of a multi-part prewrite whose parts are all stored or staged."""
-        out: list[bytes] = []
-        for part_no in range(part_count):
-            key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
-            raw_binlog = _staged_record(st, key) or _staged_record(grp, key)
-            if raw_binlog is None:
-                raw = self._db.get(key)
-                if raw is None:   # the sorter saw every part: only a bug gets here
-                    raise FailedPrecondition(f"prewrite part {part_no} of start_ts={start_ts} "
-                                             "is not in the index")
-                seg, off, length = ix.entry_val_unpack(raw)[:3]
-                raw_binlog = os.pread(self._vlog.read_fd(seg), length, off + HEADER_SIZE)
-            out.append(pb.Binlog.FromString(raw_binlog).prewrite_value)
-        return b"".join(out)
-
-    def _multipart_tables(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int
-                          ) -> tuple[int, ...]:
+    def _multipart_parts(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int
+                         ) -> list[tuple[Callable[[int, int], bytes], int]]:
+        """(read(offset, n), length) of each part's serialized Binlog, in part order: in memory
+        for parts of this group, `pread` on the value log otherwise."""
         parts: list[tuple[Callable[[int, int], bytes], int]] = []
         for part_no in range(part_count):
             key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
@@ -1076,14 +1068,18 @@ class Storage:
                 parts.append((lambda off, n, b=staged: b[off:off + n], len(staged)))
                 continue
             raw = self._db.get(key)
-            if raw is None:   # check_commit saw every part: only a bug gets here
+            if raw is None:   # the sorter saw every part: only a bug gets here
                 raise FailedPrecondition(f"prewrite part {part_no} of start_ts={start_ts} is "
                                          "not in the index")
             seg, off, length = ix.entry_val_unpack(raw)[:3]
             fd = self._vlog.read_fd(seg)
             base = off + HEADER_SIZE
             parts.append((lambda o, n, fd=fd, base=base: os.pread(fd, n, base + o), length))
-        return multipart_schema_tables(parts)
+        return parts
+
+    def _multipart_tables(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int
+                          ) -> tuple[int, ...]:
+        return multipart_schema_tables(self._multipart_parts(st, grp, start_ts, part_count))
 
 
 def _staged_record(stage: _Stage, key: bytes) -> bytes | None:
