@@ -1035,7 +1035,7 @@ class Storage:
         for payload, commit_ts, txn_end in reader.binlogs():
             yield commit_ts, payload, txn_end
 
-    # -- schema detection of multi-part prewrites (committer thread) ---------------------------
+    # -- admission of new prewrites (committer thread) -----------------------------------------
 
     @staticmethod
     def _admit(adm: Admission, i: int, start_ts: int, pid: str) -> None:
@@ -1055,6 +1055,8 @@ class Storage:
             adm.check_value(value)
         except SluiceError as e:
             raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: {e}") from None
+
+    # -- multi-part prewrites: schema detection and the joined-value check -------------------
 
     def _multipart_parts(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int
                          ) -> list[tuple[Callable[[int, int], bytes], int]]:
