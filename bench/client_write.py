@@ -34,7 +34,11 @@ from sluice.proto import sluice_pb2 as pb  # noqa: E402
 from tests.support.cluster import CLUSTER_ID, Cluster  # noqa: E402
 from tests.support.procs import EtcdServer  # noqa: E402
 
-VALUE = os.urandom(1024)
+# ~1 KiB of incompressible row data in a valid PrewriteValue (pumps refuse values that do not
+# decode); the producer "bench" is registered before writing (pumps admit registered producers).
+VALUE = pb.PrewriteValue(schema_version=1, mutations=[pb.TableMutation(table_id=1, changes=[
+    pb.RowChange(tp=pb.INSERT, after=pb.Row(columns=[pb.Datum(bytes=os.urandom(1000))]))])]
+).SerializeToString()
 QUIET = {"heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0}
 LAST_CPU_US: list[float] = []   # bench-process CPU per transaction of each drive() call
 
@@ -131,6 +135,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-client-"))
     etcd = EtcdServer(work / "etcd").start()
     cluster = Cluster(work, etcd.endpoint)
+    cluster.register_producer("bench")
     breakdown: list[tuple[str, float, CpuMeter]] = []
     base_rates: list[float] = []
     one_rates: list[float] = []

@@ -29,7 +29,11 @@ from sluice.proto import sluice_pb2_grpc as pbg  # noqa: E402
 from tests.support.cluster import CLUSTER_ID, Cluster  # noqa: E402
 from tests.support.procs import EtcdServer, Proc, free_port, port_open, wait_until  # noqa: E402
 
-PAYLOAD = os.urandom(1024)
+# ~1 KiB of incompressible row data in a valid PrewriteValue (pumps refuse values that do not
+# decode); the producer "bench" is registered before writing (pumps admit registered producers).
+PAYLOAD = pb.PrewriteValue(schema_version=1, mutations=[pb.TableMutation(table_id=1, changes=[
+    pb.RowChange(tp=pb.INSERT, after=pb.Row(columns=[pb.Datum(bytes=os.urandom(1000))]))])]
+).SerializeToString()
 
 
 def pct(values: list[float], p: float) -> float:
@@ -143,6 +147,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-pump-"))
     etcd = EtcdServer(work / "etcd").start()
     cluster = Cluster(work, etcd.endpoint)
+    cluster.register_producer("bench")
     redis_port = free_port()
     redis = Proc("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
                            "--appendonly", "yes", "--appendfsync", "always", "--save", "",

@@ -30,6 +30,15 @@ class ClusterIdMismatch(InvalidArgument):
         self.got, self.want = got, want
 
 
+class UnknownProducer(InvalidArgument):
+    """A prewrite names a producer the registry does not hold (or holds offline): nobody could
+    resolve it later, so the pump refuses it (the service re-reads the registry once first)."""
+
+    def __init__(self, message: str, producer_id: str) -> None:
+        super().__init__(message)
+        self.producer_id = producer_id
+
+
 class AlreadyExists(SluiceError):
     code = grpc.StatusCode.ALREADY_EXISTS
 

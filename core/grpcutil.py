@@ -1,7 +1,9 @@
 """gRPC plumbing shared by every process: server/channel options, TLS, error mapping.
 
 SluiceErrors become status codes here and only here (`handle_errors`); the client side turns
-statuses back into SluiceErrors with `errors.from_status`.
+statuses back into SluiceErrors with `errors.from_status`. Request bytes that are not a valid
+message become INVALID_ARGUMENT here too (`DecodeGuard`, installed on every server by
+`aio_server`), on every method of every service, before any handler runs.
 """
 from __future__ import annotations
 
@@ -39,8 +41,114 @@ CHANNEL_OPTIONS = [
 ]
 
 
+class _Undecodable:
+    """What the guarded deserializer returns for bytes that are not a valid request message;
+    the guarded behavior turns it into INVALID_ARGUMENT before the servicer sees anything."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+def _guard_deserializer(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    # The message name comes from the bound FromString (a generated class's classmethod).
+    owner = getattr(deserialize, "__self__", None)
+    name = getattr(getattr(owner, "DESCRIPTOR", None), "name", None) or "request message"
+
+    def guarded(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as e:  # noqa: BLE001 - DecodeError and its kin: all are bad input
+            return _Undecodable(f"request is not a valid {name}: {e}")
+    return guarded
+
+
+async def _reject(request: Any, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.detail)
+
+
+def _guard_handler(h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """The same handler with a deserializer that never raises and a behavior that answers
+    INVALID_ARGUMENT for what it could not decode. Handlers of a kind not known here (or
+    without a deserializer) are returned unchanged."""
+    if h.request_deserializer is None:
+        return h
+    des = _guard_deserializer(h.request_deserializer)
+    if h.unary_unary is not None:
+        fn = h.unary_unary
+        if not inspect.iscoroutinefunction(fn):
+            return h
+
+        async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await _reject(request, context)
+            return await fn(request, context)
+        return h._replace(request_deserializer=des, unary_unary=unary_unary)
+    if h.unary_stream is not None:
+        fn = h.unary_stream
+        if inspect.isasyncgenfunction(fn):
+            async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await _reject(request, context)
+                async for item in fn(request, context):
+                    yield item
+            return h._replace(request_deserializer=des, unary_stream=unary_stream)
+        if inspect.iscoroutinefunction(fn):
+            async def unary_stream_co(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await _reject(request, context)
+                return await fn(request, context)
+            return h._replace(request_deserializer=des, unary_stream=unary_stream_co)
+        return h
+    fn = h.stream_unary if h.stream_unary is not None else h.stream_stream
+    if fn is None:
+        return h
+
+    async def checked(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async for request in requests:
+            await _reject(request, context)
+            yield request
+    if h.stream_unary is not None:
+        if not inspect.iscoroutinefunction(fn):
+            return h
+
+        async def stream_unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await fn(checked(requests, context), context)
+        return h._replace(request_deserializer=des, stream_unary=stream_unary)
+    if inspect.isasyncgenfunction(fn):
+        async def stream_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async for item in fn(checked(requests, context), context):
+                yield item
+        return h._replace(request_deserializer=des, stream_stream=stream_stream)
+    if inspect.iscoroutinefunction(fn):
+        async def stream_stream_co(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await fn(checked(requests, context), context)
+        return h._replace(request_deserializer=des, stream_stream=stream_stream_co)
+    return h
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    """Bytes that are not a valid request message get INVALID_ARGUMENT "request is not a valid
+    <Message>: ..." on every method (gRPC's own answer is UNKNOWN "Unexpected DecodeError").
+    The guarded handler is built once per method and reused."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, tuple[Any, Any]] = {}
+
+    async def intercept_service(self, continuation: Callable[..., Any],
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
+        h = await continuation(handler_call_details)
+        if h is None:
+            return None
+        method = handler_call_details.method
+        hit = self._cache.get(method)
+        if hit is None or hit[0] is not h:
+            hit = (h, _guard_handler(h))
+            self._cache[method] = hit
+        return hit[1]
+
+
 def aio_server(security: SecurityConfig | None = None) -> grpc.aio.Server:
-    return grpc.aio.server(options=SERVER_OPTIONS)
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[DecodeGuard()])
 
 
 def add_port(server: grpc.aio.Server | grpc.Server, addr: str,

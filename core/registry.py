@@ -103,6 +103,9 @@ class NodeStatus:
     epoch: int = 0
     update_ts: int = 0       # stamped by the registry on every write (local clock ts)
     labels: dict[str, str] = field(default_factory=dict)
+    # pump: prewrites it could not resolve past txn-timeout, each {pump, start_ts, producer,
+    # since_ms, reason, command} (pump/loops.py); empty when nothing is stuck
+    alerts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
@@ -117,6 +120,7 @@ class NodeStatus:
         d = {k: v for k, v in d.items() if k in known}
         d["kind"], d["state"] = NodeKind(d["kind"]), NodeState(d["state"])
         d["labels"] = dict(d.get("labels") or {})
+        d["alerts"] = [dict(a) for a in d.get("alerts") or [] if isinstance(a, dict)]
         return cls(**d)
 
     def same_content(self, other: NodeStatus) -> bool:

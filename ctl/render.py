@@ -69,10 +69,13 @@ def node_dict(info: NodeInfo) -> dict[str, Any]:
     if st.kind == NodeKind.PUMP:
         d["max_commit_ts"] = st.max_commit_ts
         d["max_commit_time"] = ts_time(st.max_commit_ts)
+        d["alerts"] = [{**a, "age_seconds": round(alert_age(a), 1)} for a in st.alerts]
     elif st.kind == NodeKind.DRAINER:
         d["checkpoint"] = st.checkpoint
         d["checkpoint_time"] = ts_time(st.checkpoint)
         d["lag_seconds"] = round(tsmod.lag_seconds(st.checkpoint), 3) if st.checkpoint else None
+        # the pump and stuck start_ts holding its merge (drainer/server.py `held_by`)
+        d["held_by"] = st.labels.get("held-by") or None
     return d
 
 
@@ -101,7 +104,23 @@ def nodes_table(kind: NodeKind, nodes: Sequence[NodeInfo]) -> str:
         rows.append(row)
     if not rows:
         return f"no {kind.value} registered"
-    return table(headers, rows)
+    lines = [table(headers, rows)]
+    for info in nodes:
+        lines += [alert_text(a) for a in info.status.alerts]
+    return "\n".join(lines)
+
+
+def alert_age(alert: dict[str, Any]) -> float:
+    since = alert.get("since_ms") or 0
+    return max(0.0, time.time() - int(since) / 1000) if since else 0.0
+
+
+def alert_text(alert: dict[str, Any]) -> str:
+    """One stuck prewrite a pump published (pump/loops.py), with the command that ends it."""
+    return (f"ALERT pump {alert.get('pump')}: prewrite start_ts={alert.get('start_ts')} of "
+            f"producer {alert.get('producer')!r} unresolved for {duration(alert_age(alert))} "
+            f"and holds every drainer: {alert.get('reason')}\n"
+            f"  decide it: {alert.get('command')}")
 
 
 def emit_json(out: TextIO, value: Any) -> None:

@@ -28,6 +28,9 @@ class DrainerMetrics:
                                     ("pump",))
         self.holding = m.gauge("merge_holding", "1 for the pump whose watermark holds the merge",
                                ("pump",))
+        self.held_by = m.gauge("merge_held_by_start_ts", "start_ts of the stuck prewrite (a "
+                               "pump's alert) that holds the merge, by pump; absent: none",
+                               ("pump",))
         self.pumps = m.gauge("pumps_in_merge", "pumps the merge waits on")
         self.txns = m.counter("txns_total", "transactions handed to the sink")
         self.binlogs = m.counter("binlogs_total", "binlogs handed to the sink")
@@ -42,6 +45,7 @@ class DrainerMetrics:
         self.filtered = m.counter("filtered_txns_total",
                                   "transactions the [filter] rules dropped entirely")
         self._known: set[str] = set()
+        self._held: set[str] = set()
 
     def serve(self, addr: str) -> None:
         self.m.serve(addr)
@@ -80,6 +84,15 @@ class DrainerMetrics:
                     self.pump_pending.labels(pump_id).set(merger.pending(pump_id))
                     self.holding.labels(pump_id).set(1 if pump_id == hold else 0)
                 self.duplicates.set(merger.stats().duplicates_dropped)
+                held = s.held_by()
+                for pump_id in self._held - ({held[0]} if held else set()):
+                    try:
+                        self.held_by.remove(pump_id)
+                    except KeyError:
+                        pass
+                self._held = {held[0]} if held else set()
+                if held is not None:
+                    self.held_by.labels(held[0]).set(int(held[1].get("start_ts") or 0))
             now = time.monotonic()
             if now - last_t >= 5.0:
                 n = s.binlogs_out

@@ -139,6 +139,9 @@ class _Stopped(Exception):
     """The drainer went offline (closing -> offline): the process exits 0."""
 
 
+HELD_BY_LABEL = "held-by"
+
+
 class DrainerServer:
     def __init__(self, config: DrainerConfig) -> None:
         self.config = config
@@ -551,11 +554,32 @@ class DrainerServer:
             await self._remove_pump(pump_id, why)
 
     async def on_notify(self, pump_id: str, addr: str) -> None:
-        """Cistern.Notify: the pump joins the merge before we reply (it writes only after)."""
-        old = self.pump_status.get(pump_id)
-        self.pump_status[pump_id] = NodeStatus(
-            node_id=pump_id, kind=NodeKind.PUMP, addr=addr, state=NodeState.ONLINE,
-            max_commit_ts=old.max_commit_ts if old else 0)
+        """Cistern.Notify: the pump joins the merge before we reply (it writes only after).
+
+        Only a pump the registry holds, at that address, online and alive, is admitted (a pump
+        registers and starts its heartbeat before it notifies, DESIGN §4); anything else is
+        FAILED_PRECONDITION and changes nothing, so no request from an unregistered peer can
+        put a source into the merge, where it would hold every transaction after it."""
+        try:
+            info = await asyncio.to_thread(self.registry.get, NodeKind.PUMP, pump_id)
+        except errors.InvalidArgument as e:
+            raise errors.FailedPrecondition(f"Notify refused: {e}") from None
+        where = f"in the registry of cluster {self.config.cluster_id}"
+        if info is None:
+            raise errors.FailedPrecondition(
+                f"Notify refused: pump {pump_id!r} is not registered {where}; a pump registers "
+                "itself (online, alive) before it notifies drainers")
+        st = info.status
+        if st.addr != addr:
+            raise errors.FailedPrecondition(
+                f"Notify refused: pump {pump_id!r} notified from address {addr!r} but is "
+                f"registered at {st.addr!r} {where}")
+        if st.state != NodeState.ONLINE or not info.alive:
+            raise errors.FailedPrecondition(
+                f"Notify refused: pump {pump_id!r} is {st.state.value}"
+                f"{'' if info.alive else ' and not alive'} {where}; only an online, alive pump "
+                "joins the merge by Notify")
+        self.pump_status[pump_id] = st
         if self.merger is None:
             # Paused or not started: the list that follows going online will find the pump.
             log.info("pump %s notified while this drainer is %s", pump_id, self.state)
@@ -832,6 +856,10 @@ class DrainerServer:
                 continue
             if self.config.ha:
                 await self._show_standbys(info)
+            try:
+                await self._show_held_by(info)
+            except errors.SluiceError as e:
+                log.warning("cannot update the held-by label: %s", e)
             want = info.state
             if want == NodeState.PAUSING and self.state == NodeState.ONLINE.value:
                 self._ask("pause")
@@ -839,6 +867,49 @@ class DrainerServer:
                 self._ask("close")
             elif want == NodeState.ONLINE and self.state == NodeState.PAUSED.value:
                 self._ask("resume")
+
+    def held_by(self) -> tuple[str, dict[str, Any]] | None:
+        """(pump, alert) for the oldest stuck prewrite a pump in the merge published
+        (pump/loops.py): the start_ts that stops this drainer, and who can end it. A pump with
+        a stuck prewrite serves nothing above it, so the merge cannot pass it either."""
+        merger = self.merger
+        if merger is None:
+            return None
+        best: tuple[str, dict[str, Any]] | None = None
+        for pump_id in merger.sources():
+            st = self.pump_status.get(pump_id)
+            for a in st.alerts if st is not None else ():
+                if best is None or int(a.get("start_ts") or 0) < int(best[1].get("start_ts") or 0):
+                    best = (pump_id, a)
+        return best
+
+    async def _show_held_by(self, info: NodeInfo) -> None:
+        """Mirror `held_by` into the status label `held-by` (for `ctl drainers` and lag
+        reports): "<pump> start_ts=<S> producer=<P>", absent while nothing is stuck."""
+        held = self.held_by()
+        text = (f"{held[0]} start_ts={held[1].get('start_ts')} producer={held[1].get('producer')!r}"
+                if held is not None else "")
+        if info.status.labels.get(HELD_BY_LABEL, "") == text:
+            return
+        if text:
+            log.warning("merge held by pump %s: its prewrite start_ts=%s of producer %r is "
+                        "unresolved (%s); decide it: %s", held[0], held[1].get("start_ts"),  # type: ignore[index]
+                        held[1].get("producer"), held[1].get("reason"), held[1].get("command"),  # type: ignore[index]
+                        extra={"fields": {"pump": held[0], "start_ts": held[1].get("start_ts")}})  # type: ignore[index]
+        epoch = self.epoch
+
+        def label(old: NodeStatus) -> NodeStatus:
+            if old.epoch > epoch:
+                raise self.election.fenced_error("updating the held-by label")
+            labels = {k: v for k, v in old.labels.items() if k != HELD_BY_LABEL}
+            if text:
+                labels[HELD_BY_LABEL] = text
+            return dataclasses.replace(old, labels=labels)
+        self._guard()
+        try:
+            await asyncio.to_thread(self.registry.update, NodeKind.DRAINER, self.name, label)
+        except errors.EtcdUnavailable as e:
+            log.warning("registry unavailable: %s", e)
 
     async def _show_standbys(self, info: NodeInfo) -> None:
         """Mirror the live standby keys into the status label `standby` (for `ctl drainers`)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from sluice.proto import sluice_pb2_grpc as pbg
 
 if TYPE_CHECKING:
     from .server import PumpServer
+    from .storage.sorter import UnresolvedTxn
 
 log = logging.getLogger(__name__)
 
@@ -42,26 +44,72 @@ async def fake_binlog_loop(server: "PumpServer") -> None:
 
 
 async def resolve_loop(server: "PumpServer") -> None:
-    """Ask producers about prewrites older than txn-timeout (DESIGN §3 unresolved prewrites)."""
+    """Ask producers about prewrites older than txn-timeout (DESIGN §3 unresolved prewrites).
+
+    One that cannot be resolved (producer gone, unknown, outbox unreachable) is never decided
+    here: it becomes an alert — the `sluice_pump_stuck_prewrites` metric and an entry in this
+    pump's registry status (`alerts`, shown by `sluice ctl pumps`, read by drainers) naming the
+    start_ts, the producer, since when, why, and the `sluice ctl resolve-txn` to run — until it
+    is resolved by its producer or by an operator (docs/operations.md, "Stuck prewrites")."""
     cfg = server.config
     period = max(0.1, cfg.txn_timeout / 4)
     warned: dict[int, float] = {}   # start_ts -> when we last logged it (one line a minute each)
+    published: list[dict[str, object]] | None = None
+    since: dict[int, int] = {}      # start_ts -> wall ms its prewrite arrived (stable per txn)
     while True:
         await asyncio.sleep(period)
         waiting = server.storage.unresolved(older_than_s=cfg.txn_timeout)
+        alerts: list[dict[str, object]] = []
         for txn in waiting:
             try:
                 await _resolve_one(server, txn.start_ts, txn.producer_id)
                 warned.pop(txn.start_ts, None)
             except errors.SluiceError as e:
+                if txn.start_ts not in since:
+                    since[txn.start_ts] = int(
+                        (time.time() - (time.monotonic() - txn.since_monotonic)) * 1000)
+                alerts.append(stuck_alert(server.node_id, txn, str(e), since[txn.start_ts]))
                 if time.monotonic() - warned.get(txn.start_ts, -1e9) > 60:
                     warned[txn.start_ts] = time.monotonic()
-                    log.warning("cannot resolve start_ts=%d of producer %s yet: %s", txn.start_ts,
-                                txn.producer_id, e)
+                    log.warning("cannot resolve start_ts=%d of producer %r yet: %s; it holds "
+                                "this pump's watermark and every drainer: see `sluice ctl pumps`",
+                                txn.start_ts, txn.producer_id, e,
+                                extra={"fields": {"start_ts": txn.start_ts,
+                                                  "producer": txn.producer_id}})
             server.metrics.unresolved_checks.inc()
         live = {t.start_ts for t in waiting}
         for start_ts in [s for s in warned if s not in live]:
             del warned[start_ts]
+        for start_ts in [s for s in since if s not in live]:
+            del since[start_ts]
+        alerts = [a for a in alerts if server.storage.is_unresolved(int(a["start_ts"]))]  # type: ignore[arg-type]
+        server.alerts = alerts
+        server.metrics.on_alerts(alerts)
+        if alerts != published:
+            try:
+                await asyncio.to_thread(publish_alerts, server, alerts)
+                published = alerts
+            except errors.SluiceError as e:
+                log.warning("cannot publish %d stuck-prewrite alert(s) to the registry: %s",
+                            len(alerts), e)
+
+
+def resolve_command(start_ts: int) -> str:
+    """What the operator runs once they know the transaction's fate in the source (it commits
+    when the source committed it, with that commit_ts; otherwise it rolls back)."""
+    return f"sluice ctl resolve-txn {start_ts} --commit-ts COMMIT_TS | --rollback"
+
+
+def stuck_alert(pump_id: str, txn: "UnresolvedTxn", reason: str, since_ms: int
+                ) -> dict[str, object]:
+    return {"pump": pump_id, "start_ts": txn.start_ts, "producer": txn.producer_id,
+            "since_ms": since_ms, "reason": reason, "command": resolve_command(txn.start_ts)}
+
+
+def publish_alerts(server: "PumpServer", alerts: list[dict[str, object]]) -> None:
+    """Store the alerts in this pump's registry status (compare-and-swap; any state)."""
+    server.registry.update(NodeKind.PUMP, server.node_id,
+                           lambda old: dataclasses.replace(old, alerts=list(alerts)))
 
 
 OUTBOX_LABEL = "outbox-dsn"
@@ -72,10 +120,13 @@ async def _resolve_one(server: "PumpServer", start_ts: int, producer_id: str) ->
     """Ask the producer's TxnStatus; when it is not alive or unreachable and it registered an
     outbox DSN, decide by writing to its outbox instead (DESIGN §5), so a pump never waits on
     an application that is down."""
+    if not producer_id:
+        raise errors.Unavailable("the prewrite names no producer (stored before pumps required "
+                                 "one): nobody can be asked; an operator must decide")
     info = await asyncio.to_thread(server.registry.get, NodeKind.PRODUCER, producer_id)
     if info is None:
-        raise errors.Unavailable(f"producer {producer_id!r} is not registered; resolve by hand "
-                                 f"with `sluice ctl resolve-txn --start-ts {start_ts}`")
+        raise errors.Unavailable(f"producer {producer_id!r} is not registered (any more): "
+                                 "nobody can be asked; an operator must decide")
     dsn = info.status.labels.get(OUTBOX_LABEL, "")
     state: int | None = None
     commit_ts = 0
@@ -92,8 +143,7 @@ async def _resolve_one(server: "PumpServer", start_ts: int, producer_id: str) ->
     if state is None:
         if not dsn:
             raise errors.Unavailable(f"producer {producer_id!r} has no TxnStatus address and no "
-                                     f"{OUTBOX_LABEL} label; resolve by hand with `sluice ctl "
-                                     f"resolve-txn --start-ts {start_ts}`")
+                                     f"{OUTBOX_LABEL} label: an operator must decide")
         state, commit_ts = await _decide_by_outbox(dsn, start_ts)
         how = "its outbox"
     if state == pb.TXN_COMMITTED:

@@ -41,7 +41,18 @@ class PumpService(pbg.PumpServicer):
     async def _write(self, payloads: list[bytes]) -> int:
         self.server.check_writable(payloads)
         await failpoint.ainject("pump-before-write")
-        wm = await self.storage.write(payloads)
+        refreshed: set[str] = set()
+        while True:
+            try:
+                wm = await self.storage.write(payloads)
+                break
+            except errors.UnknownProducer as e:
+                # The registry watch may not have delivered a producer that registered a
+                # moment ago: read it once from etcd, then try again (nothing was stored).
+                if e.producer_id in refreshed or not await asyncio.to_thread(
+                        self.server.admission.refresh, e.producer_id):
+                    raise
+                refreshed.add(e.producer_id)
         self.server.metrics.on_write(payloads)
         return wm
 

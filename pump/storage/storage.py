@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import google_crc32c
 import plyvel
@@ -33,7 +33,8 @@ from google.protobuf.message import DecodeError
 
 from sluice.core import failpoint
 from sluice.core.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, OutOfRange,
-                                ResourceExhausted, SluiceError, StaleEpoch, Unavailable)
+                                ResourceExhausted, SluiceError, StaleEpoch, Unavailable,
+                                UnknownProducer)
 from sluice.proto import sluice_pb2 as pb
 
 from . import gc as gcmod
@@ -42,6 +43,7 @@ from .gc import GCStats, SegmentSummary
 from .reader import CommitReader
 from .schema import multipart_schema_tables, schema_tables
 from .sorter import Pending, Sorter, UnresolvedTxn, check_commit, check_part
+from .valuecheck import check_multipart_value
 from .vlog import HEADER_SIZE, Location, ValueLog
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,9 @@ log = logging.getLogger(__name__)
 __all__ = ["Storage", "StorageOptions", "GCStats", "UnresolvedTxn"]
 
 _MAX_GROUP_BYTES = 64 << 20
+# A multi-part prewrite of more parts than this (64 MiB parts: 4 TiB) is not a transaction but a
+# part bitmap that would cost memory: refused.
+MAX_PARTS = 1 << 16
 _MAX_QUEUED_REQUESTS = 1 << 16
 _DISK_CHECK_INTERVAL_S = 1.0
 
@@ -70,8 +75,18 @@ def _any_prewrite(payloads: list[bytes]) -> bool:
             return True
     return False
 
-@dataclass
+class Admission(Protocol):
+    """The pump's admission rules for new prewrites (pump/admission.py), checked on the
+    committer thread: in-memory only. A storage without one stores any well-formed binlog."""
 
+    def check(self, producer_id: str) -> None:
+        """Raise (InvalidArgument) unless prewrites of this producer can be resolved later."""
+
+    def check_value(self, value: bytes) -> None:
+        """Raise (InvalidArgument) unless a whole prewrite value decodes."""
+
+
+@dataclass
 class StorageOptions:
     segment_size: int = 512 << 20
     max_binlog_size: int = 64 << 20
@@ -177,6 +192,8 @@ class Storage:
                        "rejected_requests": 0}
         self._thread = threading.Thread(target=self._committer, name="storage-committer",
                                         daemon=True)
+        # Set by the pump server before it takes writes (see Admission).
+        self.admission: Admission | None = None
 
     # ------------------------------------------------------------------------------------------
     # open / recovery / close
@@ -356,6 +373,9 @@ class Storage:
 
     def unresolved(self, older_than_s: float = 0) -> list[UnresolvedTxn]:
         return self._sorter.unresolved(older_than_s)
+
+    def is_unresolved(self, start_ts: int) -> bool:
+        return start_ts in self._sorter.pending
 
     async def resolve(self, start_ts: int, commit_ts: int | None) -> int:
         """Write a COMMIT (or, with None, a ROLLBACK) built by the pump for `start_ts`."""
@@ -710,6 +730,9 @@ class Storage:
             if part_no >= part_count:
                 raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: part_no "
                                       f"{part_no} >= part_count {part_count}")
+            if part_count > MAX_PARTS:
+                raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: part_count "
+                                      f"{part_count} > {MAX_PARTS}")
             key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
             p = self._pending(st, grp, start_ts)
             if p is None or p.parts >> part_no & 1:
@@ -726,17 +749,33 @@ class Storage:
                         f"binlog {i}: start_ts={start_ts} is already "
                         f"{'committed' if t[0] == _COMMITTED else 'rolled back'}; a new prewrite "
                         "part cannot be added")
+            adm = self.admission
             if p is None:
+                if adm is not None:
+                    self._admit(adm, i, start_ts, pid)
+                    if part_count == 1:
+                        self._admit_value(adm, i, start_ts, b.prewrite_value)
                 # A multi-part prewrite's schema is found once all its parts are there (commit).
                 tables = schema_tables(b.prewrite_value) if part_count == 1 else ()
                 p = Pending(start_ts, part_count, 0, pid, time.monotonic(), frozenset(), tables)
             else:
                 check_part(p, start_ts, part_no, part_count)
-            st.pending[start_ts] = p.with_part(part_no)
+            p = p.with_part(part_no)
+            st.pending[start_ts] = p
             st.keys[key] = h
             st.records.append(payload)
             st.crcs.append(crc)
             st.meta.append((key, h, 0, start_ts, start_ts))
+            if adm is not None and part_count > 1 and p.complete:
+                # The parts add up only now: the whole value must decode before the last part
+                # is acknowledged (the commit could never be read otherwise). Streamed over the
+                # stored parts: memory stays bounded whatever the transaction's size.
+                try:
+                    check_multipart_value(self._multipart_parts(st, grp, start_ts, part_count))
+                except (ValueError, IndexError, DecodeError, OSError) as e:
+                    raise InvalidArgument(
+                        f"binlog {i}: prewrite start_ts={start_ts}: prewrite_value of its "
+                        f"{part_count} parts joined is not a valid PrewriteValue: {e}") from None
         elif tp == _COMMIT:
             commit_ts = b.commit_ts
             if commit_ts <= start_ts:
@@ -996,10 +1035,33 @@ class Storage:
         for payload, commit_ts, txn_end in reader.binlogs():
             yield commit_ts, payload, txn_end
 
-    # -- schema detection of multi-part prewrites (committer thread) ---------------------------
+    # -- admission of new prewrites (committer thread) -----------------------------------------
 
-    def _multipart_tables(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int
-                          ) -> tuple[int, ...]:
+    @staticmethod
+    def _admit(adm: Admission, i: int, start_ts: int, pid: str) -> None:
+        if not pid:
+            raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: producer_id is "
+                                  "empty: a prewrite must name its registered producer, which "
+                                  "resolves it if its commit never comes")
+        try:
+            adm.check(pid)
+        except UnknownProducer as e:
+            raise UnknownProducer(f"binlog {i}: prewrite start_ts={start_ts}: {e}",
+                                  e.producer_id) from None
+
+    @staticmethod
+    def _admit_value(adm: Admission, i: int, start_ts: int, value: bytes) -> None:
+        try:
+            adm.check_value(value)
+        except SluiceError as e:
+            raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: {e}") from None
+
+    # -- multi-part prewrites: schema detection and the joined-value check -------------------
+
+    def _multipart_parts(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int
+                         ) -> list[tuple[Callable[[int, int], bytes], int]]:
+        """(read(offset, n), length) of each part's serialized Binlog, in part order: in memory
+        for parts of this group, `pread` on the value log otherwise."""
         parts: list[tuple[Callable[[int, int], bytes], int]] = []
         for part_no in range(part_count):
             key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
@@ -1008,14 +1070,18 @@ class Storage:
                 parts.append((lambda off, n, b=staged: b[off:off + n], len(staged)))
                 continue
             raw = self._db.get(key)
-            if raw is None:   # check_commit saw every part: only a bug gets here
+            if raw is None:   # the sorter saw every part: only a bug gets here
                 raise FailedPrecondition(f"prewrite part {part_no} of start_ts={start_ts} is "
                                          "not in the index")
             seg, off, length = ix.entry_val_unpack(raw)[:3]
             fd = self._vlog.read_fd(seg)
             base = off + HEADER_SIZE
             parts.append((lambda o, n, fd=fd, base=base: os.pread(fd, n, base + o), length))
-        return multipart_schema_tables(parts)
+        return parts
+
+    def _multipart_tables(self, st: _Stage, grp: _Stage, start_ts: int, part_count: int
+                          ) -> tuple[int, ...]:
+        return multipart_schema_tables(self._multipart_parts(st, grp, start_ts, part_count))
 
 
 def _staged_record(stage: _Stage, key: bytes) -> bytes | None:

@@ -22,13 +22,13 @@ from sluice.core.tso_client import TSOClient
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 from sluice.pump.config import PumpConfig
-from tests.support.binlogs import decode
+from tests.support.binlogs import decode, pv
 from tests.support.cluster import Cluster, commits_in_order, drainer_pull, fresh_ts
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(150)
 
-VALUE = b"x" * 512
+VALUE = pv("x" * 512)
 PROBE_S = 1.0
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
-from tests.support.binlogs import TS, commit, decode, prewrite
+from tests.support.binlogs import TS, commit, decode, prewrite, pv
 from tests.support.cluster import CLUSTER_ID, Cluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -41,7 +41,7 @@ async def _writers(addr_of, ts: TS, acked: list[tuple[int, int]], started: list[
             s = await asyncio.to_thread(ts.get)
             started.append(s)
             try:
-                await write(prewrite(s, b"x" * random.randint(10, 3000)))
+                await write(prewrite(s, pv("x" * random.randint(10, 3000))))
                 c = await asyncio.to_thread(ts.get)
                 await write(commit(s, c))
             except asyncio.CancelledError:

@@ -68,6 +68,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Live
         c.start_tso()
         c.start_pump("pump-1", **PUMP_SETTINGS)
         c.start_pump("pump-2", **PUMP_SETTINGS)
+        c.register_producer("ctl-manual")
         ts = TS(c.tso_addrs, CLUSTER_ID)
         yield Live(c, etcd_module.endpoint, Registry(etcd, CLUSTER_ID), ts)
     finally:

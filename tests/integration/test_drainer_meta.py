@@ -17,7 +17,7 @@ import pytest
 from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
 from sluice.proto import sluice_pb2 as pb
-from tests.support.binlogs import TS, commit, prewrite
+from tests.support.binlogs import TS, commit, prewrite, pv
 from tests.support.cluster import CLUSTER_ID, Cluster, read_file_sink, table_info
 from tests.support.procs import wait_until
 
@@ -41,6 +41,7 @@ class Writer:
     """Whole transactions to one pump, like a capture: prewrite, then commit with a position."""
 
     def __init__(self, cluster: Cluster, pump: str) -> None:
+        cluster.register_producer(PRODUCER)
         self.ts = TS(cluster.tso_addrs, CLUSTER_ID)
         self.ch, self.stub = cluster.pumps[pump].stub()
 
@@ -81,10 +82,11 @@ def test_every_response_binlog_is_described_by_its_transaction_envelope(cluster:
 
     # A 3 MiB transaction in two parts: more than one 2 MiB response, so it is split.
     s = w.ts.get()
-    for part in range(2):
+    raw = pv("b" * (3 << 20))
+    half = len(raw) // 2
+    for part, chunk in enumerate((raw[:half], raw[half:])):
         w.write(pb.Binlog(tp=pb.PREWRITE, start_ts=s, producer_id=PRODUCER, part_no=part,
-                          part_count=2, prewrite_value=bytes([part]) * (3 << 19)
-                          ).SerializeToString())
+                          part_count=2, prewrite_value=chunk).SerializeToString())
     big = w.ts.get()
     w.write(commit(s, big, producer=PRODUCER))
     last = w.txn(row_value(info, 99, "after the big one"), offset=900)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 from sluice.proto import sluice_pb2 as pb
-from tests.support.binlogs import TS, commit, decode, prewrite
+from tests.support.binlogs import TS, commit, decode, prewrite, pv
 from tests.support.cluster import Cluster
 from tests.support.procs import free_port
 
@@ -35,7 +35,7 @@ class Pump:
         self.committed: list[tuple[int, int, bytes]] = []   # (start_ts, commit_ts, value)
         for i in range(5):
             s = self.ts.get()
-            value = f"row {i}".encode() * 10
+            value = pv(f"row {i}" * 10)
             self.write([prewrite(s, value)])
             c = self.ts.get()
             self.write([commit(s, c)])
@@ -43,7 +43,7 @@ class Pump:
         # An unresolved prewrite stays open throughout: mutated copies of it probe the
         # part/commit rules of a pending transaction.
         self.open_start = self.ts.get()
-        self.write([prewrite(self.open_start, b"open")])
+        self.write([prewrite(self.open_start, pv("open"))])
         base = self.ts.get() + (1 << 30)
         self.fresh = itertools.count(base)   # start_ts never used by anything above
 
@@ -116,7 +116,8 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
     kind = data.draw(hst.sampled_from([
         "ts<=0", "commit-without-prewrite", "different-content", "other-commit-ts",
         "commit<=start", "oversized", "wrong-cluster", "random", "mutated", "wrong-type",
-        "unknown-type", "rollback-committed", "part-no"]))
+        "unknown-type", "rollback-committed", "part-no", "no-producer", "unregistered",
+        "bad-value"]))
     fresh = next(p.fresh)
     if kind == "ts<=0":
         bad_ts = data.draw(hst.integers(-(1 << 63), 0))
@@ -129,7 +130,9 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
         return [commit(fresh, fresh + 1)], {grpc.StatusCode.FAILED_PRECONDITION}, \
             "without its prewrite", p.cluster_id
     if kind == "different-content":
-        other = data.draw(hst.binary(min_size=1, max_size=64).filter(lambda v: v != value))
+        other = pv(data.draw(hst.text(min_size=1, max_size=64)))
+        if other == value:
+            other = pv("other")
         return [prewrite(s, other)], {grpc.StatusCode.ALREADY_EXISTS}, "already", p.cluster_id
     if kind == "other-commit-ts":
         return [commit(s, c + data.draw(hst.integers(1, 1000)))], \
@@ -150,6 +153,18 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
     if kind == "rollback-committed":
         return [pb.Binlog(tp=pb.ROLLBACK, start_ts=s).SerializeToString()], \
             {grpc.StatusCode.ALREADY_EXISTS}, "committed", p.cluster_id
+    if kind == "no-producer":
+        return [prewrite(fresh, producer="")], {grpc.StatusCode.INVALID_ARGUMENT}, \
+            "producer_id", p.cluster_id
+    if kind == "unregistered":
+        who = "nobody-" + data.draw(hst.text("abcdefgh", min_size=1, max_size=12))
+        return [prewrite(fresh, producer=who)], {grpc.StatusCode.INVALID_ARGUMENT}, \
+            "not registered", p.cluster_id
+    if kind == "bad-value":
+        # eleven 0xff bytes: a varint longer than 64 bits, never a valid PrewriteValue
+        junk = b"\xff" * 11 + data.draw(hst.binary(max_size=64))
+        return [prewrite(fresh, junk)], {grpc.StatusCode.INVALID_ARGUMENT}, \
+            "PrewriteValue", p.cluster_id
     if kind == "part-no":
         count = data.draw(hst.integers(1, 8))
         return [prewrite(fresh, b"v", part_no=count + data.draw(hst.integers(0, 5)),
@@ -161,7 +176,7 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
         payload = data.draw(hst.binary(max_size=200))
     elif kind == "mutated":
         payload = _mutate(data, data.draw(hst.sampled_from(
-            [prewrite(s, value), commit(s, c), prewrite(p.open_start, b"open")])))
+            [prewrite(s, value), commit(s, c), prewrite(p.open_start, pv("open"))])))
     else:   # wrong-type: another message's bytes where a Binlog belongs
         payload = data.draw(hst.sampled_from([
             pb.TableInfo(table_id=fresh, schema_name="db", table_name="t").SerializeToString(),
@@ -188,7 +203,7 @@ def test_write_handlers_answer_clean_errors_and_store_nothing(pump: Pump) -> Non
         payloads, codes, word, cluster_id = _case(data, pump)
         # Alone, and behind a valid new prewrite in the same atomic batch.
         if data.draw(hst.booleans()):
-            payloads = [prewrite(next(pump.fresh), b"good")] + payloads
+            payloads = [prewrite(next(pump.fresh), pv("good"))] + payloads
         single = len(payloads) == 1 and data.draw(hst.booleans())
         with pytest.raises(grpc.RpcError) as e:
             pump.write(payloads, cluster_id=cluster_id, single=single)

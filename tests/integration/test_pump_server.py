@@ -14,7 +14,7 @@ from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
-from tests.support.binlogs import TS, commit, decode, prewrite, rollback
+from tests.support.binlogs import TS, commit, decode, prewrite, pv, rollback
 from tests.support.cluster import CLUSTER_ID, Cluster
 from tests.support.procs import free_port, wait_until
 
@@ -89,7 +89,7 @@ def test_a_pull_starts_with_a_small_response_and_grows_to_the_full_size(cluster:
     from sluice.pump.service import PULL_FIRST_MESSAGE_BYTES, PULL_MESSAGE_BYTES
     pump = cluster.start_pump()
     ch, stub = pump.stub()
-    value = b"v" * 1000
+    value = pv("v" * 1000)
     n = 4000   # ~8 MB of prewrites: beyond the first responses' doubling
     starts = []
     for i in range(0, n, 200):
@@ -135,9 +135,9 @@ def test_write_rules_over_grpc(cluster: Cluster, ts: TS) -> None:
     s = ts.get()
     assert code_of(lambda: write(stub, prewrite(s), cluster_id=CLUSTER_ID + 1)) == grpc.StatusCode.INVALID_ARGUMENT
     assert code_of(lambda: write(stub, b"\xff\xff garbage")) == grpc.StatusCode.INVALID_ARGUMENT
-    write(stub, prewrite(s, b"v1"))
-    write(stub, prewrite(s, b"v1"))                      # identical retry: OK
-    assert code_of(lambda: write(stub, prewrite(s, b"v2"))) == grpc.StatusCode.ALREADY_EXISTS
+    write(stub, prewrite(s, pv("v1")))
+    write(stub, prewrite(s, pv("v1")))                      # identical retry: OK
+    assert code_of(lambda: write(stub, prewrite(s, pv("v2")))) == grpc.StatusCode.ALREADY_EXISTS
     c = ts.get()
     write(stub, commit(s, c))
     write(stub, commit(s, c))                            # identical retry of the commit: OK
@@ -162,6 +162,7 @@ def test_write_rules_over_grpc(cluster: Cluster, ts: TS) -> None:
 
 def test_producer_epoch_fencing(cluster: Cluster, ts: TS) -> None:
     pump = cluster.start_pump()
+    cluster.register_producer("cap")
     ch, stub = pump.stub()
     s = ts.get()
     pos = pb.Position(file_seq=3, offset=400)

@@ -19,14 +19,17 @@ from sluice.core.registry import NodeKind, NodeState, Registry
 from sluice.core.tso_client import TSOClient
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
-from tests.support.binlogs import decode
+from tests.support.binlogs import decode, pv
 from tests.support.cluster import CLUSTER_ID, Cluster
 from tests.support.procs import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
 PART_LIMIT = 256 << 10     # the pumps' storage.max-binlog-size in this module
-VALUE = b"v" * 1024
+VALUE = pv("v" * 1024)
+# Every producer id this module writes with (pumps take prewrites only from registered ones).
+PRODUCERS = ("spread-range", "spread-hash", "h", "split", "parts", "newpump", "pause", "paused",
+             "app")
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +39,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[C
         c.start_tso()
         for i in (1, 2, 3):
             c.start_pump(f"pump-{i}", **{"storage.max-binlog-size": PART_LIMIT})
+        for producer in PRODUCERS:
+            c.register_producer(producer)
         yield c
     finally:
         c.stop()
@@ -225,7 +230,7 @@ def test_a_failed_coalesced_batch_is_split_so_one_bad_binlog_fails_only_its_call
 def test_big_prewrite_is_written_as_parts_to_one_pump(cluster: Cluster) -> None:
     """A prewrite over max_binlog_size is split into parts (same start_ts) on the same pump,
     each within the pump's limit, and read back whole."""
-    value = bytes(range(256)) * (4 * 1024 + 7)      # ~1 MiB: 5 parts of <= 256 KiB
+    value = pv("".join(map(chr, range(32, 127))) * 11_100)   # ~1 MiB: 5 parts of <= 256 KiB
 
     async def go(client: PumpsClient, tso: TSOClient) -> Done:
         (d,) = await run_load(client, tso, 1, "parts", concurrency=1, value=value)
@@ -298,6 +303,7 @@ def test_commit_ts_is_fetched_only_after_a_delayed_prewrite_ack(tmp_path: Path, 
         c.start_tso()
         c.start_pump("slow", env={"SLUICE_FAILPOINTS": "pump-before-write=sleep(1200)"},
                      **{"heartbeat-interval": 0.2})
+        c.register_producer("app")
         events: list[tuple[float, str, int]] = []
 
         async def go() -> None:
@@ -309,7 +315,8 @@ def test_commit_ts_is_fetched_only_after_a_delayed_prewrite_ack(tmp_path: Path, 
                     s = await tso.get_ts()
                     events.append((time.monotonic(), "prewrite-sent", s))
                     ack = await client.write_prewrite(pb.Binlog(tp=pb.PREWRITE, start_ts=s,
-                                                                prewrite_value=VALUE))
+                                                                prewrite_value=VALUE,
+                                                                producer_id="app"))
                     events.append((time.monotonic(), "prewrite-acked", s))
                     commit_ts = await tso.get_ts()
                     events.append((time.monotonic(), "commit-ts-fetched", s))
@@ -324,7 +331,8 @@ def test_commit_ts_is_fetched_only_after_a_delayed_prewrite_ack(tmp_path: Path, 
                 s = await tso.get_ts()
                 early = await tso.get_ts()
                 ack = await client.write_prewrite(pb.Binlog(tp=pb.PREWRITE, start_ts=s,
-                                                            prewrite_value=VALUE))
+                                                            prewrite_value=VALUE,
+                                                            producer_id="app"))
                 assert ack.watermark >= early
                 with pytest.raises(errors.FailedPrecondition, match="not above the served watermark"):
                     check_commit_ts(early, ack)
@@ -359,7 +367,7 @@ def test_no_pump_available_names_every_pump_and_why(cluster: Cluster, registry: 
                                 what="no pump available")
         with pytest.raises(NoPumpAvailable) as e:
             await client.write_prewrite(pb.Binlog(tp=pb.PREWRITE, start_ts=await tso.get_ts(),
-                                                  prewrite_value=VALUE))
+                                                  prewrite_value=VALUE, producer_id="app"))
         return str(e.value)
     try:
         message = asyncio.run(with_client(cluster, go))

@@ -32,6 +32,12 @@ class TS:
             ch.close()
 
 
+def pv(text: str) -> bytes:
+    """A valid serialized PrewriteValue whose content is `text` (pumps refuse prewrite values
+    that do not decode): distinct texts make distinct values, len(text) sets the size."""
+    return pb.PrewriteValue(schema_version=1, source=pb.SourceInfo(name=text)).SerializeToString()
+
+
 def prewrite(start_ts: int, value: bytes = b"", producer: str = "test-producer", epoch: int = 0,
              part_no: int = 0, part_count: int = 0) -> bytes:
     if not value:

@@ -26,6 +26,26 @@ from .binlogs import TS
 from .procs import Proc, free_port, port_open, sluice_argv, wait_until
 
 CLUSTER_ID = 7
+# Producer ids the binlog builders of tests/support write with (binlogs.prewrite, rows.binlogs,
+# TxnWriter; "load" of the fault tests' client load): every Cluster registers them, since pumps take prewrites only from registered
+# producers (pump/admission.py).
+TEST_PRODUCERS = ("test-producer", "cap-1", "test-app", "load")
+
+
+def register_producer(etcd_endpoint: str, cluster_id: int, producer_id: str, addr: str = "",
+                      labels: dict[str, str] | None = None) -> None:
+    """Register a test producer in the registry (status online), as `client.producer` does for
+    real ones. Without an address it has no TxnStatus: a prewrite of it left unresolved past
+    txn-timeout is then a stuck prewrite the pump reports (pump/loops.py)."""
+    from sluice.core.etcd import Etcd
+    from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
+    etcd = Etcd(etcd_endpoint)
+    try:
+        Registry(etcd, cluster_id).register(NodeStatus(
+            node_id=producer_id, kind=NodeKind.PRODUCER, addr=addr, state=NodeState.ONLINE,
+            labels=dict(labels or {})))
+    finally:
+        etcd.close()
 
 
 def toml_value(v: object) -> str:
@@ -89,6 +109,13 @@ class Cluster:
         self.tso_addrs: list[str] = []
         self.pumps: dict[str, PumpHandle] = {}
         self.drainers: dict[str, DrainerHandle] = {}
+        self.producers: set[str] = set()
+
+    def register_producer(self, producer_id: str) -> None:
+        """Register a test producer (once) so pumps take its prewrites."""
+        if producer_id not in self.producers:
+            register_producer(self.etcd, self.cluster_id, producer_id)
+            self.producers.add(producer_id)
 
     def start_tso(self, name: str = "tso-1", lease_ttl: int = 2, env: dict[str, str] | None = None) -> Proc:
         addr = f"127.0.0.1:{free_port()}"
@@ -115,6 +142,8 @@ class Cluster:
 
     def start_pump(self, node_id: str = "pump-1", env: dict[str, str] | None = None,
                    wait_online: bool = True, **extra: object) -> PumpHandle:
+        for producer_id in TEST_PRODUCERS:
+            self.register_producer(producer_id)
         old = self.pumps.get(node_id)
         addr = old.addr if old else f"127.0.0.1:{free_port()}"
         data_dir = old.data_dir if old else self.workdir / node_id
@@ -259,6 +288,7 @@ class TxnWriter:
         self.tables = tables
         self.rng = random.Random(seed)
         self.producer = producer
+        cluster.register_producer(producer)
         self.ts = TS(cluster.tso_addrs, cluster.cluster_id)
         self.acked: list[Acked] = []
         self.declared: set[int] = set()
