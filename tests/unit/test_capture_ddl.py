@@ -64,8 +64,8 @@ def test_create_table_reads_every_column_type_and_key() -> None:
     expect = {   # name: (data_type, column_type, length, precision, scale, unsigned)
         "id": ("bigint", "bigint unsigned", 0, 0, 0, True),
         "ti": ("tinyint", "tinyint(4)", 0, 0, 0, False),
-        "si": ("smallint", "smallint unsigned", 0, 0, 0, True),
-        "zf": ("int", "int unsigned", 0, 0, 0, True),      # ZEROFILL implies UNSIGNED
+        "si": ("smallint", "smallint unsigned zerofill", 0, 0, 0, True),
+        "zf": ("int", "int unsigned zerofill", 0, 0, 0, True),  # ZEROFILL implies UNSIGNED
         "ig": ("int", "int", 0, 0, 0, False),
         "b": ("tinyint", "tinyint(1)", 0, 0, 0, False),
         "bo": ("tinyint", "tinyint(1)", 0, 0, 0, False),
