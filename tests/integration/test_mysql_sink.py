@@ -13,7 +13,7 @@ from sluice.core import failpoint
 from sluice.core.errors import FailpointError, StaleEpoch
 from sluice.core.rowcodec import MySQLDateTime
 from sluice.drainer.sink import Checkpoint, load_sink
-from sluice.drainer.sinks.mysql import ApplyError, MySQLSink, MySQLSinkConfig, SinkFenced
+from sluice.drainer.sinks.mysql import ApplyError, CreateTableError, MySQLSink, MySQLSinkConfig, SinkFenced
 from sluice.drainer.sql import batch_sql, row_sql
 from sluice.drainer.translator import Translator
 from sluice.drainer.txn import MissingSchema, SchemaHistory
@@ -381,3 +381,65 @@ def test_a_killed_connection_is_retried_without_losing_or_doubling_rows(mariadb_
 
     run(scenario())
     assert mariadb_module.execute(f"SELECT COUNT(*), MAX(id) FROM `{db}`.users")[0] == (200, 200)
+
+
+def test_create_tables_creates_what_is_missing_and_never_alters_what_exists(mariadb_module):
+    """create-tables (the default) creates a declared table and the database it lives in when
+    they are missing downstream, with the declared shape (exact column types, nullability,
+    collation, primary and unique keys), before the first row; a table that exists keeps its
+    own shape even when the declared one differs (only create, never alter). A replay in safe
+    mode creates nothing again and leaves the rows equal. With `create-tables = false` the
+    missing table is still the downstream's error 1146."""
+    db = f"created_{next(_names)}"
+    other = fresh_db(mariadb_module, "existing")
+    mariadb_module.execute(f"DROP DATABASE IF EXISTS `{db}`")
+    fresh = Table(70, db, "fresh", [col("id", "bigint(20) unsigned", nullable=False),
+                                    col("k", "varchar(8)", nullable=False), col("v", "decimal(30,10)")],
+                  primary=["id"], unique={"uk": ["k"]})
+    info = fresh.info
+    info.columns[1].charset, info.columns[1].collation = "utf8mb4", "utf8mb4_bin"
+    kept = Table(71, other, "kept", [col("id", "int(11)", nullable=False), col("v", "int(11)")], ["id"])
+    mariadb_module.execute(f"CREATE TABLE `{other}`.kept (id INT PRIMARY KEY, v INT, mine INT DEFAULT 9)")
+    txns = [txn(prewrite_value(snapshots=[info, kept]), 10),
+            # 'a' and 'A' are two keys only under the declared _bin collation.
+            txn(prewrite_value(fresh.mutation(fresh.insert(id=1, k="a", v=decimal.Decimal("1.5")),
+                                              fresh.insert(id=2, k="A")),
+                               kept.mutation(kept.insert(id=1, v=2))), 20)]
+    history = history_of(txns)
+    sink = sink_for(mariadb_module, history, f"{db}_cp")
+    run(apply_all(sink, txns))
+    assert sink._m.created.labels("database")._value.get() == 1
+    assert sink._m.created.labels("table")._value.get() == 1
+    assert mariadb_module.execute(
+        "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLLATION_NAME, COLUMN_KEY FROM "
+        "information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND TABLE_NAME='fresh' ORDER BY ORDINAL_POSITION",
+        (db,)) == [("id", "bigint(20) unsigned", "NO", None, "PRI"),
+                   ("k", "varchar(8)", "NO", "utf8mb4_bin", "UNI"),
+                   ("v", "decimal(30,10)", "YES", None, "")]
+    assert mariadb_module.execute(f"SELECT id, k FROM `{db}`.fresh ORDER BY id") == [(1, "a"), (2, "A")]
+    assert mariadb_module.execute(f"SELECT * FROM `{other}`.kept") == [(1, 2, 9)]
+
+    replay = sink_for(mariadb_module, history, f"{db}_cp", name="replay", **{"safe-mode": True})
+    run(apply_all(replay, txns))
+    assert replay._m.created.labels("table")._value.get() == 0
+    assert mariadb_module.execute(f"SELECT id, k FROM `{db}`.fresh ORDER BY id") == [(1, "a"), (2, "A")]
+
+    missing = Table(72, other, "missing", [col("id", "int(11)", nullable=False)], ["id"])
+    off = [schema_txn(30, missing), txn(prewrite_value(missing.mutation(missing.insert(id=1))), 40)]
+    no_create = sink_for(mariadb_module, history_of(off), f"{db}_cp", name="off", **{"create-tables": False})
+    with pytest.raises(ApplyError, match=rf"{other}\.missing .*MySQL error 1146"):
+        run(apply_all(no_create, off))
+
+
+def test_a_table_that_cannot_be_created_stops_the_sink_naming_it(mariadb_module):
+    """A declared shape the downstream refuses (here a type it does not know) stops the sink
+    with CreateTableError naming the table, the commit_ts, the MySQL error and the statement;
+    nothing of the transaction's rows is applied."""
+    db = fresh_db(mariadb_module, "badshape")
+    bad = Table(73, db, "bad", [col("id", "int(11)", nullable=False), col("x", "nosuchtype(3)")], ["id"])
+    txns = [txn(prewrite_value(bad.mutation(bad.insert(id=1)), snapshots=[bad]), 10)]
+    sink = sink_for(mariadb_module, history_of(txns), f"{db}_cp")
+    with pytest.raises(CreateTableError, match=rf"cannot create missing table {db}\.bad \(commit_ts 10\): "
+                                               rf"MySQL error \d+: .*statement: CREATE TABLE IF NOT EXISTS"):
+        run(apply_all(sink, txns))
+    assert mariadb_module.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA=%s", (db,)) == []
