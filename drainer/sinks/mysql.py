@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import re
 import threading
 import time
 import uuid
@@ -173,8 +174,10 @@ class _CreateWork:
     commit_ts: int
     databases: tuple[str, ...]
     tables: tuple[pb.TableInfo, ...]     # the shape in force at commit_ts
+    declared: bool = False               # from schema snapshots (not rows, not a DDL's target)
 
 
+_IF_NOT_EXISTS = re.compile(r"\bIF\s+NOT\s+EXISTS\b", re.IGNORECASE)
 # System schemas are never created nor listed as known.
 _SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
 
@@ -230,6 +233,10 @@ class MySQLSink(Sink):
         # EXISTS at next use), so the hot path is one set lookup per table per transaction.
         self._known_tables: set[tuple[str, str]] = set()
         self._known_dbs: set[str] = set()
+        # Tables this sink created from a schema snapshot and wrote no row to since. A capture
+        # started from an old position declares the tables' current shapes before the binlog's
+        # own CREATE TABLE / RENAME of them: that DDL then replaces the (empty) table.
+        self._declared_only: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
         self._closing = threading.Event()
 
@@ -599,7 +606,7 @@ class MySQLSink(Sink):
         """The tables of infos not known to exist downstream (all of them with recheck)."""
         known = self._known_tables
         todo = tuple(i for i in infos if recheck or (i.schema_name, i.table_name) not in known)
-        return _CreateWork(commit_ts, (), todo) if todo else None
+        return _CreateWork(commit_ts, (), todo, declared=True) if todo else None
 
     def _row_tables(self, commit_ts: int, changes: list[RowChange], recheck: bool) -> _CreateWork | None:
         """Tables the rows go to that are not known to exist downstream, with their shape at
@@ -677,11 +684,43 @@ class MySQLSink(Sink):
             self._create_one(item.commit_ts, "database", d, create_database_sql(d))
             self._known_dbs.add(d)
         for info in tables:
-            self._create_one(item.commit_ts, "table", f"{info.schema_name}.{info.table_name}",
-                             create_table_sql(info))
-            self._known_tables.add((info.schema_name, info.table_name))
+            key = (info.schema_name, info.table_name)
+            created = self._create_one(item.commit_ts, "table", f"{info.schema_name}.{info.table_name}",
+                                       create_table_sql(info))
+            self._known_tables.add(key)
+            if created and item.declared:
+                self._declared_only.add(key)
 
-    def _create_one(self, commit_ts: int, kind: str, target: str, sql: str) -> None:
+    def _rows_written(self, changes: tuple[RowChange, ...]) -> None:
+        last = None
+        for ch in changes:
+            if ch.shape is not last:
+                last = ch.shape
+                self._declared_only.discard((last.schema, last.table))
+
+    def _yield_declared(self, item: _DDLWork) -> None:
+        """Before a CREATE TABLE or RENAME (outside safe mode) whose new name is a table this
+        sink created from a schema snapshot and never wrote to: drop that table, so the DDL
+        creates it as the source did (a capture started from an old position declares current
+        shapes before the binlog's own CREATE TABLE)."""
+        ddl = item.ddl
+        if ddl.tp not in (pb.CREATE_TABLE, pb.RENAME_TABLE) or self._is_safe(item.commit_ts):
+            return
+        if ddl.tp == pb.CREATE_TABLE and _IF_NOT_EXISTS.search(ddl.query):
+            return   # the source kept its existing table too
+        key = (ddl.schema_name, ddl.table_name)
+        if key not in self._declared_only:
+            return
+        self._declared_only.discard(key)
+        target = f"{key[0]}.{key[1]}"
+        self._create_one(item.commit_ts, "replaced table", target,
+                         f"DROP TABLE IF EXISTS {quote_id(key[0])}.{quote_id(key[1])}")
+        self._known_tables.discard(key)
+
+    def _create_one(self, commit_ts: int, kind: str, target: str, sql: str) -> bool:
+        """Run one create-tables statement; whether it did something (not "already exists")."""
+        done = [False]
+
         def attempt(_: int) -> None:
             if self._control is None:
                 self._control = self._connect()
@@ -693,9 +732,12 @@ class MySQLSink(Sink):
                 cur.execute("SHOW WARNINGS")
                 existed = any(int(w[1]) in (1007, 1050) for w in cur.fetchall())
             if not existed:
-                log.info("mysql sink created a missing %s", kind, extra={"fields": {
-                    "target": target, "commit_ts": commit_ts, "sql": sql[:500]}})
-                self._m.created.labels(kind).inc()
+                log.info("mysql sink created a missing %s" if kind != "replaced table" else
+                         "mysql sink dropped a table it created from a schema snapshot: a DDL creates it",
+                         kind, extra={"fields": {"target": target, "commit_ts": commit_ts, "sql": sql[:500]}})
+                if kind != "replaced table":
+                    self._m.created.labels(kind).inc()
+            done[0] = not existed
 
         try:
             self._retry(f"create-tables on {target} (commit_ts {commit_ts})", attempt, self._control_failed)
@@ -705,6 +747,7 @@ class MySQLSink(Sink):
             if _is_mysql_error(e):
                 raise CreateTableError(kind, target, commit_ts, sql, e) from e
             raise
+        return done[0]
 
     def _ddl_work(self, txn: Txn, ddl: pb.DDL) -> _DDLWork:
         previous = None
@@ -739,12 +782,16 @@ class MySQLSink(Sink):
             if isinstance(item, _DDLWork):
                 d.flush()
                 self._m.flushes.inc()
+                if self._declared_only:
+                    self._yield_declared(item)
                 self._run_ddl(item)
                 if self._cfg.create_tables:
                     self._forget(item.ddl)
                 d.mark_done(cts)
                 self._write_progress(cts)
                 continue
+            if self._declared_only:
+                self._rows_written(item.changes)
             for change in item.changes:
                 d.dispatch(change.keys, change, cts)
             d.mark_done(cts)

@@ -18,7 +18,7 @@ from sluice.drainer.sql import batch_sql, row_sql
 from sluice.drainer.translator import Translator
 from sluice.drainer.txn import MissingSchema, SchemaHistory
 from tests.support.mariadb import MariaDBServer
-from tests.support.rows import (RandomWorkload, Table, col, create_sql, fetch_rows, history_of,
+from tests.support.rows import (RandomWorkload, Table, col, create_sql, ddl_txn, fetch_rows, history_of,
                                 prewrite_value, schema_txn, txn)
 
 _names = itertools.count(1)
@@ -443,3 +443,29 @@ def test_a_table_that_cannot_be_created_stops_the_sink_naming_it(mariadb_module)
                                                rf"MySQL error \d+: .*statement: CREATE TABLE IF NOT EXISTS"):
         run(apply_all(sink, txns))
     assert mariadb_module.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA=%s", (db,)) == []
+
+
+def test_a_binlog_create_table_after_the_declaration_of_the_current_shape_replaces_it(mariadb_module):
+    """A capture started from an old binlog position declares each table's current shape first
+    and then streams the binlog's own CREATE TABLE / RENAME of it: the empty table create-tables
+    made from the declaration gives way to the DDL (no "table exists" error outside safe mode),
+    and the later ALTER brings the downstream to the source's shape with every row."""
+    db = fresh_db(mariadb_module, "earliest")
+    v1 = Table(80, db, "t", [col("id", "int(11)", nullable=False), col("v", "int(11)")], ["id"])
+    now = v1.add_column(col("w", "varchar(5)"))          # the shape at capture start
+    a = Table(81, db, "a", [col("id", "int(11)", nullable=False)], ["id"])
+    b = a.rename(db, "b")
+    txns = [schema_txn(10, now, b),
+            ddl_txn(20, v1.create_ddl("CREATE TABLE t (id INT PRIMARY KEY, v INT)")),
+            txn(prewrite_value(v1.mutation(v1.insert(id=1, v=1))), 30),
+            ddl_txn(40, now.alter_ddl("ALTER TABLE t ADD COLUMN w VARCHAR(5)")),
+            txn(prewrite_value(now.mutation(now.insert(id=2, v=2, w="x"))), 50),
+            ddl_txn(60, a.create_ddl("CREATE TABLE a (id INT PRIMARY KEY)")),
+            txn(prewrite_value(a.mutation(a.insert(id=7))), 70),
+            ddl_txn(80, b.rename_ddl(a, "RENAME TABLE a TO b"))]
+    sink = sink_for(mariadb_module, history_of(txns), f"{db}_cp", **{"worker-count": 2})
+    run(apply_all(sink, txns, chunk=3))
+    assert mariadb_module.execute(f"SELECT * FROM `{db}`.t ORDER BY id") == [(1, 1, None), (2, 2, "x")]
+    assert mariadb_module.execute(f"SELECT * FROM `{db}`.b") == [(7,)]
+    assert sorted(r[0] for r in mariadb_module.execute(
+        "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA=%s", (db,))) == ["b", "t"]
