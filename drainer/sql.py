@@ -385,15 +385,20 @@ def column_definition(c: pb.ColumnInfo) -> str:
 def create_table_sql(info: pb.TableInfo, if_not_exists: bool = True) -> str:
     """CREATE TABLE for a TableInfo: visible columns, primary and unique keys (the table's row
     identity downstream), default character set and collation."""
-    cols = [column_definition(c) for c in info.columns if not c.hidden]
+    visible = [c for c in info.columns if not c.hidden]
+    cols = [column_definition(c) for c in visible]
+    present = {c.name.lower() for c in visible}
     for index in info.indexes:
+        if not index.columns or not all(n.lower() in present for n in index.columns):
+            continue  # an index on a dropped column: MySQL dropped it too
         names = ",".join(quote_id(n) for n in index.columns)
+        name = f"{quote_id(index.name)} " if index.name else ""
         if index.primary:
             cols.append(f"PRIMARY KEY ({names})")
         elif index.unique:
-            cols.append(f"UNIQUE KEY {quote_id(index.name)} ({names})")
+            cols.append(f"UNIQUE KEY {name}({names})")
         else:
-            cols.append(f"KEY {quote_id(index.name)} ({names})")
+            cols.append(f"KEY {name}({names})")
     charset = _charset_clause(info.charset, info.collation, " DEFAULT CHARSET=")
     return (f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}"
             f"{quote_id(info.schema_name)}.{quote_id(info.table_name)} ({', '.join(cols)}){charset}")

@@ -159,6 +159,11 @@ def test_create_table_sql_gives_the_downstream_the_source_shape() -> None:
         "`k` varchar(8) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `n` int(11) NULL, "
         "`g` bigint(20) GENERATED ALWAYS AS (`id` * 2) STORED, PRIMARY KEY (`id`), "
         "UNIQUE KEY `uk` (`k`)) DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci")
+    hidden = info.columns.add(name="old", data_type="int", column_type="int(11)", hidden=True)
+    info.indexes.add(name="", columns=["old"], unique=True)         # on a dropped column: left out
+    info.indexes.add(name="", columns=["k", "id"], unique=True)     # no name: the server names it
+    assert hidden.hidden and sql.create_table_sql(info).endswith(
+        "UNIQUE KEY `uk` (`k`), UNIQUE KEY (`k`,`id`)) DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci")
     info.collation = "x; DROP TABLE y"
     assert sql.create_table_sql(info).endswith("DEFAULT CHARSET=utf8mb4")
     assert sql.create_database_sql("we`ird") == "CREATE DATABASE IF NOT EXISTS `we``ird`"
