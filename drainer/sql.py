@@ -371,6 +371,9 @@ def column_definition(c: pb.ColumnInfo) -> str:
     """A column as CREATE TABLE / ADD COLUMN text: the exact source type (column_type), its
     character set and collation, its generation expression, and nullability."""
     type_text = c.column_type or c.data_type or "text"
+    if c.data_type in ("varchar", "varbinary") and "(" not in type_text:
+        # A shape known only from a TableMap: its length is in bytes, enough for any value.
+        type_text = f"{c.data_type}({c.length or 255})"
     out = f"{quote_id(c.name)} {type_text}"
     if c.data_type.lower() in _CHARACTER_TYPES:
         out += _charset_clause(c.charset, c.collation)

@@ -171,3 +171,6 @@ def test_create_table_sql_gives_the_downstream_the_source_shape() -> None:
     assert sql.column_definition(pb.ColumnInfo(name="j", data_type="json", column_type="json",
                                                charset="utf8mb4", collation="utf8mb4_bin",
                                                nullable=True)) == "`j` json NULL"
+    # A shape from a TableMap alone has no length in its type text (the byte length is used).
+    assert sql.column_definition(pb.ColumnInfo(name="v", data_type="varchar", column_type="varchar",
+                                               length=40, nullable=False)) == "`v` varchar(40) NOT NULL"
