@@ -88,7 +88,8 @@ class MySQLSinkConfig:
     lock_wait_timeout: int = 10
     takeover_timeout: float = 30.0
     queue_size: int = 1024
-    # Create missing databases and tables (CREATE ... IF NOT EXISTS, shape from the schema history) before their first row or DDL; never alters an existing table.
+    # Create missing databases and tables (CREATE ... IF NOT EXISTS, shape from the schema
+    # history) before their first row or DDL; never alters an existing table.
     create_tables: bool = True
 
     def __post_init__(self) -> None:
