@@ -35,6 +35,9 @@ _TOKEN = re.compile(r"""
 class Tok:
     kind: str      # ident | string | number | word | punct
     text: str      # identifiers unquoted, words upper-cased, strings unescaped
+    # Where the token is in the statement (end exclusive): an expression is kept as written.
+    start: int = dataclasses.field(default=-1, compare=False)
+    end: int = dataclasses.field(default=-1, compare=False)
 
     def is_(self, *words: str) -> bool:
         return self.kind == "word" and self.text in words
@@ -57,9 +60,11 @@ class TableDef:
     columns: list[pb.ColumnInfo]
     indexes: list[pb.IndexInfo]
     charset: str = ""
+    collation: str = ""
 
     def copy(self) -> TableDef:
-        return TableDef([_copy(c) for c in self.columns], [_copy(i) for i in self.indexes], self.charset)
+        return TableDef([_copy(c) for c in self.columns], [_copy(i) for i in self.indexes], self.charset,
+                        self.collation)
 
     def column(self, name: str) -> pb.ColumnInfo | None:
         low = name.lower()
@@ -109,9 +114,16 @@ _TEMPORAL_FSP = {"time", "datetime", "timestamp"}
 
 
 class _Reader:
-    def __init__(self, toks: list[Tok]) -> None:
+    def __init__(self, toks: list[Tok], sql: str = "") -> None:
         self.t = toks
         self.i = 0
+        self.sql = sql
+
+    def text(self, first: Tok, last: Tok) -> str:
+        """The statement's own text from first to last (inclusive); empty when unknown."""
+        if not self.sql or first.start < 0 or last.end < first.start:
+            return ""
+        return self.sql[first.start:last.end]
 
     def peek(self, k: int = 0) -> Tok | None:
         j = self.i + k
@@ -204,8 +216,8 @@ class _Word(Tok):
 
     __slots__ = ("orig",)
 
-    def __init__(self, text: str) -> None:
-        super().__init__("word", text.upper())
+    def __init__(self, text: str, start: int = -1, end: int = -1) -> None:
+        super().__init__("word", text.upper(), start, end)
         object.__setattr__(self, "orig", text)
 
 
@@ -216,14 +228,15 @@ def tokenize(sql: str) -> list[Tok]:
         text = m.group()
         if kind in ("ws", "comment", "exec", "execend"):
             continue
+        a, b = m.span()
         if kind == "quoted":
-            toks.append(Tok("ident", text[1:-1].replace("``", "`")))
+            toks.append(Tok("ident", text[1:-1].replace("``", "`"), a, b))
         elif kind == "string":
-            toks.append(Tok("string", _unescape(text)))
+            toks.append(Tok("string", _unescape(text), a, b))
         elif kind == "word":
-            toks.append(_Word(text))
+            toks.append(_Word(text, a, b))
         else:
-            toks.append(Tok(kind or "punct", text))
+            toks.append(Tok(kind or "punct", text, a, b))
     return toks
 
 
@@ -269,7 +282,7 @@ def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
         col.precision, col.scale = int(args[0]), int(args[1])
     elif data_type in _TEMPORAL_FSP:
         col.scale = int(args[0]) if args else 0
-    primary = unique = False
+    primary = unique = zerofill = False
     check_json = False
     while not r.at_end():
         p = r.peek()
@@ -278,8 +291,11 @@ def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
             break
         if r.accept("UNSIGNED", "ZEROFILL"):
             col.unsigned = True    # ZEROFILL implies UNSIGNED
-        elif r.accept("SIGNED", "BINARY", "AUTO_INCREMENT", "VIRTUAL", "PERSISTENT",
-                      "STORED", "ALWAYS", "GENERATED", "DESC", "ASC"):
+            zerofill = zerofill or p.text == "ZEROFILL"
+        elif r.accept("PERSISTENT", "STORED"):
+            col.generated_stored = True
+        elif r.accept("SIGNED", "BINARY", "AUTO_INCREMENT", "VIRTUAL", "ALWAYS", "GENERATED",
+                      "DESC", "ASC"):
             pass
         elif r.accept("NOT"):
             r.expect("NULL")
@@ -301,6 +317,7 @@ def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
             col.charset = r.ident().lower()
         elif r.accept("COLLATE"):
             collation = r.ident().lower()
+            col.collation = collation
             if not col.charset:
                 col.charset = collation.split("_")[0]
         elif r.accept("DEFAULT", "ON", "COMMENT", "INVISIBLE", "COMPRESSED", "COLUMN_FORMAT",
@@ -320,8 +337,11 @@ def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
                     if q is not None and q.kind == "punct" and q.text == "(":
                         r.skip_parens()
         elif r.accept("AS"):
+            opening = r.peek()
             r.skip_parens()
             col.generated = True
+            assert opening is not None
+            col.generation_expression = r.text(opening, r.t[r.i - 1])
         elif r.accept("CHECK"):
             inner = r.skip_parens()
             words = [t.text for t in inner if t.kind == "word"]
@@ -338,7 +358,8 @@ def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
         arg_text = ""
     if data_type in _GEOMETRY:
         col.data_type = "geometry" if data_type == "geometry" else data_type
-    col.column_type = f"{data_type}{arg_text}" + (" unsigned" if col.unsigned else "")
+    col.column_type = f"{data_type}{arg_text}" + (" unsigned" if col.unsigned else "") + \
+        (" zerofill" if zerofill and data_type in _NUMERIC else "")
     return col, primary, unique
 
 
@@ -438,6 +459,11 @@ def _create_body(r: _Reader) -> TableDef:
             r.accept("SET")
             r.accept_punct("=")
             table.charset = r.ident().lower()
+        elif r.accept("COLLATE"):
+            r.accept_punct("=")
+            table.collation = r.ident().lower()
+            if not table.charset:
+                table.charset = table.collation.split("_")[0]
         else:
             r.next()
     return table
@@ -554,7 +580,7 @@ def parse(sql: str, default_db: str) -> Statement | None:
     Raises nothing: a DDL statement it cannot read becomes OTHER (or an ALTER without ops).
     """
     toks = tokenize(sql)
-    r = _Reader(toks)
+    r = _Reader(toks, sql)
     try:
         return _statement(r, default_db)
     except (_Unparsed, IndexError, ValueError):

@@ -333,8 +333,8 @@ class SchemaTracker:
         info = pb.TableInfo(table_id=tid, schema_name=db, table_name=table, columns=cols,
                             indexes=indexes, source=self.source)
         model = self._models.get((db, table))
-        if model is not None and model.charset:
-            info.charset = model.charset
+        if model is not None:
+            info.charset, info.collation = model.charset, model.collation
         declared = self._declared.get((db, table))
         to_declare = None
         if declared is not None and _signature(declared) == _signature(info):
@@ -421,7 +421,8 @@ class SchemaTracker:
     def _info_from_model(self, db: str, table: str, model: ddlmod.TableDef, version: int) -> pb.TableInfo:
         return pb.TableInfo(table_id=stable_table_id(self.source, db, table), schema_name=db,
                             table_name=table, version=version, columns=model.columns,
-                            indexes=model.indexes, charset=model.charset, source=self.source)
+                            indexes=model.indexes, charset=model.charset, collation=model.collation,
+                            source=self.source)
 
     def _table_ddl(self, tp: int, db: str, table: str, query: str, version: int) -> list[pb.DDL]:
         if not self.filter.captures(db, table):

@@ -1,7 +1,7 @@
 """Which transactions, tables and row changes a drainer replicates (TiDB-Binlog's syncer filters).
 
-Invariant: the filter only removes. A transaction comes out whole, or without the row changes of
-filtered tables or of ignored DML types, or not at all; nothing is reordered or altered, and
+Invariant: the filter only removes. A transaction comes out whole, or without the row changes
+and schema snapshots of filtered tables or of ignored DML types, or not at all; nothing is reordered or altered, and
 schema effects are never filtered — call it after SchemaHistory.apply(txn), so a table ignored
 today still decodes if a rule changes.
 
@@ -159,14 +159,20 @@ class TxnFilter:
                     kept.append(trimmed)
                 continue
             kept.append(m)
+        # Declared shapes go to the sinks too (the MySQL sink creates those tables): only the
+        # replicated tables' (the schema history has every table's already).
+        snaps = [s for s in value.schema_snapshots if self.allows_table(s.schema_name, s.table_name)]
+        changed = changed or len(snaps) != len(value.schema_snapshots)
         if not changed:
             return txn
-        if not kept and not ddl_kept:
+        if not kept and not ddl_kept and not snaps:
             return None
         new_value = pb.PrewriteValue()
         new_value.CopyFrom(value)
         del new_value.mutations[:]
         new_value.mutations.extend(kept)
+        del new_value.schema_snapshots[:]
+        new_value.schema_snapshots.extend(snaps)
         if not ddl_kept:
             new_value.ClearField("ddl")
         return dataclasses.replace(txn, prewrite=new_value)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import decimal
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -351,24 +352,63 @@ IDEMPOTENT_DDL_ERRORS = frozenset({
 })
 
 
+# Types that take CHARACTER SET / COLLATE (JSON is an alias with its own, binary types have none).
+_CHARACTER_TYPES = frozenset({"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"})
+_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def _charset_clause(charset: str, collation: str, keyword: str = " CHARACTER SET ") -> str:
+    # Names are the source's own; anything else is left out rather than pasted into the DDL.
+    out = ""
+    if charset and charset != "binary" and _NAME.match(charset):
+        out += f"{keyword}{charset}"
+    if collation and _NAME.match(collation) and (not charset or collation.startswith(charset + "_")):
+        out += f" COLLATE {collation}" if keyword == " CHARACTER SET " else f" COLLATE={collation}"
+    return out
+
+
 def column_definition(c: pb.ColumnInfo) -> str:
+    """A column as CREATE TABLE / ADD COLUMN text: the exact source type (column_type), its
+    character set and collation, its generation expression, and nullability."""
     type_text = c.column_type or c.data_type or "text"
-    return f"{quote_id(c.name)} {type_text}{'' if c.nullable else ' NOT NULL'}"
+    if c.data_type in ("varchar", "varbinary") and "(" not in type_text:
+        # A shape known only from a TableMap: its length is in bytes, enough for any value.
+        type_text = f"{c.data_type}({c.length or 255})"
+    out = f"{quote_id(c.name)} {type_text}"
+    if c.data_type.lower() in _CHARACTER_TYPES:
+        out += _charset_clause(c.charset, c.collation)
+    if c.generated and c.generation_expression:
+        kind = "STORED" if c.generated_stored else "VIRTUAL"
+        # MariaDB refuses NOT NULL on a generated column; the expression decides its nullability.
+        return f"{out} GENERATED ALWAYS AS {c.generation_expression} {kind}"
+    # NULL spelled out: without it a TIMESTAMP is NOT NULL when explicit_defaults_for_timestamp is off.
+    return out + (" NULL" if c.nullable else " NOT NULL")
 
 
 def create_table_sql(info: pb.TableInfo, if_not_exists: bool = True) -> str:
-    cols = [column_definition(c) for c in info.columns if not c.hidden]
+    """CREATE TABLE for a TableInfo: visible columns, primary and unique keys (the table's row
+    identity downstream), default character set and collation."""
+    visible = [c for c in info.columns if not c.hidden]
+    cols = [column_definition(c) for c in visible]
+    present = {c.name.lower() for c in visible}
     for index in info.indexes:
+        if not index.columns or not all(n.lower() in present for n in index.columns):
+            continue  # an index on a dropped column: MySQL dropped it too
         names = ",".join(quote_id(n) for n in index.columns)
+        name = f"{quote_id(index.name)} " if index.name else ""
         if index.primary:
             cols.append(f"PRIMARY KEY ({names})")
         elif index.unique:
-            cols.append(f"UNIQUE KEY {quote_id(index.name)} ({names})")
+            cols.append(f"UNIQUE KEY {name}({names})")
         else:
-            cols.append(f"KEY {quote_id(index.name)} ({names})")
-    charset = f" DEFAULT CHARSET={info.charset}" if info.charset else ""
+            cols.append(f"KEY {name}({names})")
+    charset = _charset_clause(info.charset, info.collation, " DEFAULT CHARSET=")
     return (f"CREATE TABLE {'IF NOT EXISTS ' if if_not_exists else ''}"
             f"{quote_id(info.schema_name)}.{quote_id(info.table_name)} ({', '.join(cols)}){charset}")
+
+
+def create_database_sql(schema: str) -> str:
+    return f"CREATE DATABASE IF NOT EXISTS {quote_id(schema)}"
 
 
 def alter_from_shapes(old: pb.TableInfo, new: pb.TableInfo) -> list[str]:
@@ -419,4 +459,5 @@ def ddl_target(ddl: pb.DDL) -> str:
 
 
 __all__ = ["literal", "quote_id", "batch_sql", "ordered_sql", "merge_table", "row_sql", "ddl_sql", "create_table_sql",
+           "create_database_sql",
            "IDEMPOTENT_DDL_ERRORS", "shape_of"]

@@ -95,6 +95,8 @@ class RowEvent:
 class SchemaLookup(Protocol):
     def table_at(self, table_id: int, commit_ts: int) -> pb.TableInfo | None: ...
 
+    def find(self, schema_name: str, table_name: str, commit_ts: int) -> pb.TableInfo | None: ...
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Txn:

@@ -272,7 +272,7 @@ class Datum(_message.Message):
     def __init__(self, null: _Optional[bool] = ..., int: _Optional[int] = ..., uint: _Optional[int] = ..., double: _Optional[float] = ..., decimal: _Optional[str] = ..., bytes: _Optional[bytes] = ..., str: _Optional[str] = ..., datetime: _Optional[_Union[DateTimeValue, _Mapping]] = ..., time: _Optional[_Union[TimeValue, _Mapping]] = ..., json: _Optional[str] = ...) -> None: ...
 
 class ColumnInfo(_message.Message):
-    __slots__ = ("name", "data_type", "column_type", "nullable", "unsigned", "length", "precision", "scale", "charset", "elements", "generated", "hidden")
+    __slots__ = ("name", "data_type", "column_type", "nullable", "unsigned", "length", "precision", "scale", "charset", "elements", "generated", "hidden", "collation", "generation_expression", "generated_stored")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DATA_TYPE_FIELD_NUMBER: _ClassVar[int]
     COLUMN_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +285,9 @@ class ColumnInfo(_message.Message):
     ELEMENTS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    COLLATION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_EXPRESSION_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_STORED_FIELD_NUMBER: _ClassVar[int]
     name: str
     data_type: str
     column_type: str
@@ -297,7 +300,10 @@ class ColumnInfo(_message.Message):
     elements: _containers.RepeatedScalarFieldContainer[str]
     generated: bool
     hidden: bool
-    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[str] = ..., column_type: _Optional[str] = ..., nullable: _Optional[bool] = ..., unsigned: _Optional[bool] = ..., length: _Optional[int] = ..., precision: _Optional[int] = ..., scale: _Optional[int] = ..., charset: _Optional[str] = ..., elements: _Optional[_Iterable[str]] = ..., generated: _Optional[bool] = ..., hidden: _Optional[bool] = ...) -> None: ...
+    collation: str
+    generation_expression: str
+    generated_stored: bool
+    def __init__(self, name: _Optional[str] = ..., data_type: _Optional[str] = ..., column_type: _Optional[str] = ..., nullable: _Optional[bool] = ..., unsigned: _Optional[bool] = ..., length: _Optional[int] = ..., precision: _Optional[int] = ..., scale: _Optional[int] = ..., charset: _Optional[str] = ..., elements: _Optional[_Iterable[str]] = ..., generated: _Optional[bool] = ..., hidden: _Optional[bool] = ..., collation: _Optional[str] = ..., generation_expression: _Optional[str] = ..., generated_stored: _Optional[bool] = ...) -> None: ...
 
 class IndexInfo(_message.Message):
     __slots__ = ("name", "columns", "primary", "unique")
@@ -312,7 +318,7 @@ class IndexInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., primary: _Optional[bool] = ..., unique: _Optional[bool] = ...) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("table_id", "schema_name", "table_name", "version", "columns", "indexes", "charset", "source")
+    __slots__ = ("table_id", "schema_name", "table_name", "version", "columns", "indexes", "charset", "source", "collation")
     TABLE_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_NAME_FIELD_NUMBER: _ClassVar[int]
     TABLE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +327,7 @@ class TableInfo(_message.Message):
     INDEXES_FIELD_NUMBER: _ClassVar[int]
     CHARSET_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    COLLATION_FIELD_NUMBER: _ClassVar[int]
     table_id: int
     schema_name: str
     table_name: str
@@ -329,7 +336,8 @@ class TableInfo(_message.Message):
     indexes: _containers.RepeatedCompositeFieldContainer[IndexInfo]
     charset: str
     source: str
-    def __init__(self, table_id: _Optional[int] = ..., schema_name: _Optional[str] = ..., table_name: _Optional[str] = ..., version: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[ColumnInfo, _Mapping]]] = ..., indexes: _Optional[_Iterable[_Union[IndexInfo, _Mapping]]] = ..., charset: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+    collation: str
+    def __init__(self, table_id: _Optional[int] = ..., schema_name: _Optional[str] = ..., table_name: _Optional[str] = ..., version: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[ColumnInfo, _Mapping]]] = ..., indexes: _Optional[_Iterable[_Union[IndexInfo, _Mapping]]] = ..., charset: _Optional[str] = ..., source: _Optional[str] = ..., collation: _Optional[str] = ...) -> None: ...
 
 class DDL(_message.Message):
     __slots__ = ("tp", "schema_name", "table_name", "query", "table_info", "old_schema_name", "old_table_name", "table_id")

@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import re
 import threading
 import time
 import uuid
@@ -41,7 +42,8 @@ from sluice.core.errors import ConfigError, InvalidArgument, SluiceError, StaleE
 from sluice.core.metrics import Metrics
 from sluice.drainer.causality import Dispatcher
 from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, sink_options
-from sluice.drainer.sql import IDEMPOTENT_DDL_ERRORS, batch_sql, ddl_sql, ddl_target, quote_id, row_sql
+from sluice.drainer.sql import (IDEMPOTENT_DDL_ERRORS, batch_sql, create_database_sql, create_table_sql, ddl_sql,
+                                ddl_target, quote_id, row_sql)
 from sluice.drainer.translator import RowChange, Translator
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
@@ -86,6 +88,9 @@ class MySQLSinkConfig:
     lock_wait_timeout: int = 10
     takeover_timeout: float = 30.0
     queue_size: int = 1024
+    # Create missing databases and tables (CREATE ... IF NOT EXISTS, shape from the schema
+    # history) before their first row or DDL; never alters an existing table.
+    create_tables: bool = True
 
     def __post_init__(self) -> None:
         for key, value, low in (("worker-count", self.worker_count, 1), ("txn-batch", self.txn_batch, 1),
@@ -111,6 +116,17 @@ class ApplyError(SluiceError):
         super().__init__(f"mysql sink: {what} on {target} (commit_ts {commit_ts}) failed: "
                          f"MySQL error {code}: {msg}")
         self.target, self.commit_ts, self.mysql_code = target, commit_ts, code
+
+
+class CreateTableError(ApplyError):
+    """create-tables could not create a missing database or table downstream."""
+
+    def __init__(self, kind: str, target: str, commit_ts: int, sql: str, error: BaseException) -> None:
+        SluiceError.__init__(self, f"mysql sink: cannot create missing {kind} {target} (commit_ts "
+                             f"{commit_ts}): MySQL error {_error_code(error)}: {_error_message(error)}; "
+                             f"statement: {sql[:300]}. Create it downstream yourself (create-tables "
+                             f"never alters an existing table), or set create-tables = false")
+        self.target, self.commit_ts, self.mysql_code = target, commit_ts, _error_code(error)
 
 
 class RetriesExhausted(SluiceError):
@@ -153,6 +169,20 @@ class _RowsWork:
     changes: tuple[RowChange, ...]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _CreateWork:
+    """Databases and tables to create if missing (create-tables), before what follows them."""
+    commit_ts: int
+    databases: tuple[str, ...]
+    tables: tuple[pb.TableInfo, ...]     # the shape in force at commit_ts
+    declared: bool = False               # from schema snapshots (not rows, not a DDL's target)
+
+
+_IF_NOT_EXISTS = re.compile(r"\bIF\s+NOT\s+EXISTS\b", re.IGNORECASE)
+# System schemas are never created nor listed as known.
+_SYSTEM_SCHEMAS = ("mysql", "information_schema", "performance_schema", "sys")
+
+
 class _SinkMetrics:
     def __init__(self, metrics: Metrics) -> None:
         self.rows = metrics.counter("mysql_sink_rows_total", "Row changes committed downstream", ("kind",))
@@ -167,6 +197,8 @@ class _SinkMetrics:
         self.safe_mode = metrics.gauge("mysql_sink_safe_mode", "1 while applying in safe mode")
         self.applied = metrics.gauge("mysql_sink_applied_commit_ts", "Applied (durable) commit_ts")
         self.ddl = metrics.counter("mysql_sink_ddl_total", "DDL statements executed")
+        self.created = metrics.counter("mysql_sink_created_total",
+                                       "Missing databases and tables created (create-tables)", ("kind",))
 
 
 class MySQLSink(Sink):
@@ -197,6 +229,15 @@ class MySQLSink(Sink):
         self._durable = 0
         self._written = 0
         self._failed: BaseException | None = None
+        # create-tables: what exists downstream, as far as this sink knows. Loaded at open, added
+        # to when the sink creates, and forgotten for what a DDL touches (re-checked with IF NOT
+        # EXISTS at next use), so the hot path is one set lookup per table per transaction.
+        self._known_tables: set[tuple[str, str]] = set()
+        self._known_dbs: set[str] = set()
+        # Tables this sink created from a schema snapshot and wrote no row to since. A capture
+        # started from an old position declares the tables' current shapes before the binlog's
+        # own CREATE TABLE / RENAME of them: that DDL then replaces the (empty) table.
+        self._declared_only: set[tuple[str, str]] = set()
         self._lock = asyncio.Lock()
         self._closing = threading.Event()
 
@@ -410,6 +451,8 @@ class MySQLSink(Sink):
             cur.execute(f"INSERT IGNORE INTO {self._cp_table} (name, slot, epoch) VALUES (%s, %s, %s), "
                         f"(%s, %s, 0)", (self._name, EPOCH_SLOT, self._epoch, self._name, PROGRESS_SLOT))
         self._take_over()
+        if self._cfg.create_tables:
+            self._load_known()
         with self._control.cursor() as cur:
             cur.execute(f"SELECT slot, commit_ts, dispatched_upper FROM {self._cp_table} WHERE name=%s",
                         (self._name,))
@@ -438,6 +481,17 @@ class MySQLSink(Sink):
                                       name=f"mysql-sink-{self._name}",
                                       max_batch=self._cfg.txn_batch_backlog)
         self._dispatcher.start(frontier=start)
+
+    def _load_known(self) -> None:
+        """The downstream's databases and tables: only the missing ones cost a CREATE later."""
+        assert self._control is not None
+        skip = ",".join(_q(s) for s in _SYSTEM_SCHEMAS)
+        with self._control.cursor() as cur:
+            cur.execute(f"SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME NOT IN ({skip})")
+            self._known_dbs = {r[0] for r in cur.fetchall()}
+            cur.execute(f"SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES "
+                        f"WHERE TABLE_SCHEMA NOT IN ({skip})")
+            self._known_tables = {(r[0], r[1]) for r in cur.fetchall()}
 
     def _take_over(self) -> None:
         """Kill the connections recorded by the previous sink, then set our epoch (or be fenced)."""
@@ -508,16 +562,33 @@ class MySQLSink(Sink):
     async def apply(self, batch: list[Txn]) -> None:
         async with self._lock:
             self._check_usable()
-            work: list[_DDLWork | _RowsWork] = []
+            work: list[_DDLWork | _RowsWork | _CreateWork] = []
+            create = self._cfg.create_tables
+            # After a DDL in this call the known sets may shrink before the thread gets there:
+            # from then on every table is a candidate, checked again where it is created.
+            after_ddl = False
             try:
                 # Translation reads the schema history, which the drainer mutates: on the loop.
                 for txn in batch:
                     if txn.commit_ts <= self._skip_upto:
                         continue
+                    if create and txn.prewrite.schema_snapshots:
+                        declared = self._missing(txn.commit_ts, txn.prewrite.schema_snapshots, after_ddl)
+                        if declared is not None:
+                            work.append(declared)
                     ddl = txn.ddl
                     if ddl is not None:
+                        if create:
+                            target = self._ddl_target_work(txn, ddl)
+                            if target is not None:
+                                work.append(target)
                         work.append(self._ddl_work(txn, ddl))
+                        after_ddl = True
                     changes = self._translator.translate(txn, self._schema)
+                    if create and changes:
+                        tables = self._row_tables(txn.commit_ts, changes, after_ddl)
+                        if tables is not None:
+                            work.append(tables)
                     work.append(_RowsWork(txn.commit_ts, tuple(changes)))
             except BaseException as e:
                 self._failed = e
@@ -530,6 +601,155 @@ class MySQLSink(Sink):
                 self._failed = e
                 raise
 
+    # -- create-tables --------------------------------------------------------------------------
+
+    def _missing(self, commit_ts: int, infos: Sequence[pb.TableInfo], recheck: bool) -> _CreateWork | None:
+        """The tables of infos not known to exist downstream (all of them with recheck)."""
+        known = self._known_tables
+        todo = tuple(i for i in infos if recheck or (i.schema_name, i.table_name) not in known)
+        return _CreateWork(commit_ts, (), todo, declared=True) if todo else None
+
+    def _row_tables(self, commit_ts: int, changes: list[RowChange], recheck: bool) -> _CreateWork | None:
+        """Tables the rows go to that are not known to exist downstream, with their shape at
+        commit_ts (the one the rows were decoded with)."""
+        known = self._known_tables
+        last = None
+        todo: dict[tuple[str, str], pb.TableInfo] = {}
+        for ch in changes:
+            shape = ch.shape
+            if shape is last:
+                continue
+            last = shape
+            key = (shape.schema, shape.table)
+            if (not recheck and key in known) or key in todo:
+                continue
+            info = self._schema.table_at(shape.table_id, commit_ts)
+            if info is None:
+                continue  # cannot happen: the rows were just decoded with it
+            if (info.schema_name, info.table_name) != key:
+                named = pb.TableInfo()
+                named.CopyFrom(info)
+                named.schema_name, named.table_name = key
+                info = named
+            todo[key] = info
+        return _CreateWork(commit_ts, (), tuple(todo.values())) if todo else None
+
+    def _ddl_target_work(self, txn: Txn, ddl: pb.DDL) -> _CreateWork | None:
+        """What a DDL needs downstream before it runs: its database (`USE db`, CREATE TABLE in a
+        database that existed before the capture started), and — outside safe mode — the table
+        it alters, truncates, renames or drops, if that table predates the capture and was never
+        created downstream. In safe mode (a replay) the table may be missing because a later DDL
+        renamed or dropped it: creating it there would leave a stray table; the DDL's "does not
+        exist" error is ignored instead."""
+        if ddl.tp in (pb.CREATE_DATABASE, pb.DROP_DATABASE):
+            return None
+        dbs = {d for d in (ddl.schema_name, ddl.old_schema_name) if d}
+        tables: list[pb.TableInfo] = []
+        if ddl.tp in (pb.ALTER_TABLE, pb.TRUNCATE_TABLE, pb.RENAME_TABLE, pb.DROP_TABLE) \
+                and not self._is_safe(txn.commit_ts):
+            before = txn.commit_ts - 1
+            info = self._schema.table_at(ddl.table_id, before) if ddl.table_id else None
+            if info is None and ddl.tp == pb.RENAME_TABLE:
+                info = self._schema.find(ddl.old_schema_name or ddl.schema_name, ddl.old_table_name, before)
+            elif info is None and ddl.table_name:
+                info = self._schema.find(ddl.schema_name, ddl.table_name, before)
+            if info is not None:
+                tables.append(info)
+        todo_dbs = tuple(sorted(d for d in dbs if d not in self._known_dbs))
+        todo = tuple(i for i in tables if (i.schema_name, i.table_name) not in self._known_tables)
+        return _CreateWork(txn.commit_ts, todo_dbs, todo) if todo_dbs or todo else None
+
+    def _forget(self, ddl: pb.DDL) -> None:
+        """After a DDL: what it touched is checked again at next use."""
+        if ddl.tp == pb.OTHER:
+            self._known_tables.clear()    # could be anything (DROP VIEW, an unparsed statement)
+            self._known_dbs.clear()
+        elif ddl.tp == pb.DROP_DATABASE:
+            self._known_dbs.discard(ddl.schema_name)
+            self._known_tables = {k for k in self._known_tables if k[0] != ddl.schema_name}
+        elif ddl.tp != pb.CREATE_DATABASE:
+            self._known_tables.discard((ddl.schema_name, ddl.table_name))
+            self._known_tables.discard((ddl.old_schema_name or ddl.schema_name, ddl.old_table_name))
+
+    def _run_create(self, item: _CreateWork) -> None:
+        """CREATE DATABASE / TABLE IF NOT EXISTS for what is still not known to exist; never
+        alters a table that exists (whatever its shape)."""
+        dbs = [d for d in item.databases if d not in self._known_dbs]
+        tables = [i for i in item.tables if (i.schema_name, i.table_name) not in self._known_tables]
+        for info in tables:
+            if info.schema_name not in self._known_dbs and info.schema_name not in dbs:
+                dbs.append(info.schema_name)
+        if not dbs and not tables:
+            return
+        for d in dbs:
+            self._create_one(item.commit_ts, "database", d, create_database_sql(d))
+            self._known_dbs.add(d)
+        for info in tables:
+            key = (info.schema_name, info.table_name)
+            created = self._create_one(item.commit_ts, "table", f"{info.schema_name}.{info.table_name}",
+                                       create_table_sql(info))
+            self._known_tables.add(key)
+            if created and item.declared:
+                self._declared_only.add(key)
+
+    def _rows_written(self, changes: tuple[RowChange, ...]) -> None:
+        last = None
+        for ch in changes:
+            if ch.shape is not last:
+                last = ch.shape
+                self._declared_only.discard((last.schema, last.table))
+
+    def _yield_declared(self, item: _DDLWork) -> None:
+        """Before a CREATE TABLE or RENAME (outside safe mode) whose new name is a table this
+        sink created from a schema snapshot and never wrote to: drop that table, so the DDL
+        creates it as the source did (a capture started from an old position declares current
+        shapes before the binlog's own CREATE TABLE)."""
+        ddl = item.ddl
+        if ddl.tp not in (pb.CREATE_TABLE, pb.RENAME_TABLE) or self._is_safe(item.commit_ts):
+            return
+        if ddl.tp == pb.CREATE_TABLE and _IF_NOT_EXISTS.search(ddl.query):
+            return   # the source kept its existing table too
+        key = (ddl.schema_name, ddl.table_name)
+        if key not in self._declared_only:
+            return
+        self._declared_only.discard(key)
+        target = f"{key[0]}.{key[1]}"
+        self._create_one(item.commit_ts, "replaced table", target,
+                         f"DROP TABLE IF EXISTS {quote_id(key[0])}.{quote_id(key[1])}")
+        self._known_tables.discard(key)
+
+    def _create_one(self, commit_ts: int, kind: str, target: str, sql: str) -> bool:
+        """Run one create-tables statement; whether it did something (not "already exists")."""
+        done = [False]
+
+        def attempt(_: int) -> None:
+            if self._control is None:
+                self._control = self._connect()
+            with self._control.cursor() as cur:
+                self._begin_fenced(cur)
+                cur.execute("COMMIT")
+                cur.execute(f"{APPLY_MARK} {sql}")
+                # IF NOT EXISTS on something that exists is a note (1007 / 1050), not an error.
+                cur.execute("SHOW WARNINGS")
+                existed = any(int(w[1]) in (1007, 1050) for w in cur.fetchall())
+            if not existed:
+                log.info("mysql sink created a missing %s" if kind != "replaced table" else
+                         "mysql sink dropped a table it created from a schema snapshot: a DDL creates it",
+                         kind, extra={"fields": {"target": target, "commit_ts": commit_ts, "sql": sql[:500]}})
+                if kind != "replaced table":
+                    self._m.created.labels(kind).inc()
+            done[0] = not existed
+
+        try:
+            self._retry(f"create-tables on {target} (commit_ts {commit_ts})", attempt, self._control_failed)
+        except (SinkFenced, RetriesExhausted):
+            raise
+        except BaseException as e:
+            if _is_mysql_error(e):
+                raise CreateTableError(kind, target, commit_ts, sql, e) from e
+            raise
+        return done[0]
+
     def _ddl_work(self, txn: Txn, ddl: pb.DDL) -> _DDLWork:
         previous = None
         if ddl.tp == pb.ALTER_TABLE and not ddl.query.strip():
@@ -541,7 +761,7 @@ class MySQLSink(Sink):
             raise InvalidArgument(f"mysql sink: DDL at commit_ts {txn.commit_ts}: {e}") from None
         return _DDLWork(txn.commit_ts, ddl, tuple(statements))
 
-    def _apply_sync(self, work: list[_DDLWork | _RowsWork]) -> None:
+    def _apply_sync(self, work: list[_DDLWork | _RowsWork | _CreateWork]) -> None:
         d = self._dispatcher
         assert d is not None
         last = work[-1].commit_ts
@@ -556,13 +776,23 @@ class MySQLSink(Sink):
             if cts > self._upper:
                 # Durable before anything beyond the old upper reaches a worker (or the DDL runs).
                 self._raise_upper(max(last, cts + lead))
+            if isinstance(item, _CreateWork):
+                # No flush: nothing was dispatched to a table not known to exist.
+                self._run_create(item)
+                continue
             if isinstance(item, _DDLWork):
                 d.flush()
                 self._m.flushes.inc()
+                if self._declared_only:
+                    self._yield_declared(item)
                 self._run_ddl(item)
+                if self._cfg.create_tables:
+                    self._forget(item.ddl)
                 d.mark_done(cts)
                 self._write_progress(cts)
                 continue
+            if self._declared_only:
+                self._rows_written(item.changes)
             for change in item.changes:
                 d.dispatch(change.keys, change, cts)
             d.mark_done(cts)

@@ -13,12 +13,12 @@ from sluice.core import failpoint
 from sluice.core.errors import FailpointError, StaleEpoch
 from sluice.core.rowcodec import MySQLDateTime
 from sluice.drainer.sink import Checkpoint, load_sink
-from sluice.drainer.sinks.mysql import ApplyError, MySQLSink, MySQLSinkConfig, SinkFenced
+from sluice.drainer.sinks.mysql import ApplyError, CreateTableError, MySQLSink, MySQLSinkConfig, SinkFenced
 from sluice.drainer.sql import batch_sql, row_sql
 from sluice.drainer.translator import Translator
 from sluice.drainer.txn import MissingSchema, SchemaHistory
 from tests.support.mariadb import MariaDBServer
-from tests.support.rows import (RandomWorkload, Table, col, create_sql, fetch_rows, history_of,
+from tests.support.rows import (RandomWorkload, Table, col, create_sql, ddl_txn, fetch_rows, history_of,
                                 prewrite_value, schema_txn, txn)
 
 _names = itertools.count(1)
@@ -381,3 +381,91 @@ def test_a_killed_connection_is_retried_without_losing_or_doubling_rows(mariadb_
 
     run(scenario())
     assert mariadb_module.execute(f"SELECT COUNT(*), MAX(id) FROM `{db}`.users")[0] == (200, 200)
+
+
+def test_create_tables_creates_what_is_missing_and_never_alters_what_exists(mariadb_module):
+    """create-tables (the default) creates a declared table and the database it lives in when
+    they are missing downstream, with the declared shape (exact column types, nullability,
+    collation, primary and unique keys), before the first row; a table that exists keeps its
+    own shape even when the declared one differs (only create, never alter). A replay in safe
+    mode creates nothing again and leaves the rows equal. With `create-tables = false` the
+    missing table is still the downstream's error 1146."""
+    db = f"created_{next(_names)}"
+    other = fresh_db(mariadb_module, "existing")
+    mariadb_module.execute(f"DROP DATABASE IF EXISTS `{db}`")
+    fresh = Table(70, db, "fresh", [col("id", "bigint(20) unsigned", nullable=False),
+                                    col("k", "varchar(8)", nullable=False), col("v", "decimal(30,10)")],
+                  primary=["id"], unique={"uk": ["k"]})
+    info = fresh.info
+    info.columns[1].charset, info.columns[1].collation = "utf8mb4", "utf8mb4_bin"
+    kept = Table(71, other, "kept", [col("id", "int(11)", nullable=False), col("v", "int(11)")], ["id"])
+    mariadb_module.execute(f"CREATE TABLE `{other}`.kept (id INT PRIMARY KEY, v INT, mine INT DEFAULT 9)")
+    txns = [txn(prewrite_value(snapshots=[info, kept]), 10),
+            # 'a' and 'A' are two keys only under the declared _bin collation.
+            txn(prewrite_value(fresh.mutation(fresh.insert(id=1, k="a", v=decimal.Decimal("1.5")),
+                                              fresh.insert(id=2, k="A")),
+                               kept.mutation(kept.insert(id=1, v=2))), 20)]
+    history = history_of(txns)
+    sink = sink_for(mariadb_module, history, f"{db}_cp")
+    run(apply_all(sink, txns))
+    assert sink._m.created.labels("database")._value.get() == 1
+    assert sink._m.created.labels("table")._value.get() == 1
+    assert mariadb_module.execute(
+        "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLLATION_NAME, COLUMN_KEY FROM "
+        "information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND TABLE_NAME='fresh' ORDER BY ORDINAL_POSITION",
+        (db,)) == [("id", "bigint(20) unsigned", "NO", None, "PRI"),
+                   ("k", "varchar(8)", "NO", "utf8mb4_bin", "UNI"),
+                   ("v", "decimal(30,10)", "YES", None, "")]
+    assert mariadb_module.execute(f"SELECT id, k FROM `{db}`.fresh ORDER BY id") == [(1, "a"), (2, "A")]
+    assert mariadb_module.execute(f"SELECT * FROM `{other}`.kept") == [(1, 2, 9)]
+
+    replay = sink_for(mariadb_module, history, f"{db}_cp", name="replay", **{"safe-mode": True})
+    run(apply_all(replay, txns))
+    assert replay._m.created.labels("table")._value.get() == 0
+    assert mariadb_module.execute(f"SELECT id, k FROM `{db}`.fresh ORDER BY id") == [(1, "a"), (2, "A")]
+
+    missing = Table(72, other, "missing", [col("id", "int(11)", nullable=False)], ["id"])
+    off = [schema_txn(30, missing), txn(prewrite_value(missing.mutation(missing.insert(id=1))), 40)]
+    no_create = sink_for(mariadb_module, history_of(off), f"{db}_cp", name="off", **{"create-tables": False})
+    with pytest.raises(ApplyError, match=rf"{other}\.missing .*MySQL error 1146"):
+        run(apply_all(no_create, off))
+
+
+def test_a_table_that_cannot_be_created_stops_the_sink_naming_it(mariadb_module):
+    """A declared shape the downstream refuses (here a type it does not know) stops the sink
+    with CreateTableError naming the table, the commit_ts, the MySQL error and the statement;
+    nothing of the transaction's rows is applied."""
+    db = fresh_db(mariadb_module, "badshape")
+    bad = Table(73, db, "bad", [col("id", "int(11)", nullable=False), col("x", "nosuchtype(3)")], ["id"])
+    txns = [txn(prewrite_value(bad.mutation(bad.insert(id=1)), snapshots=[bad]), 10)]
+    sink = sink_for(mariadb_module, history_of(txns), f"{db}_cp")
+    with pytest.raises(CreateTableError, match=rf"cannot create missing table {db}\.bad \(commit_ts 10\): "
+                                               rf"MySQL error \d+: .*statement: CREATE TABLE IF NOT EXISTS"):
+        run(apply_all(sink, txns))
+    assert mariadb_module.execute("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA=%s", (db,)) == []
+
+
+def test_a_binlog_create_table_after_the_declaration_of_the_current_shape_replaces_it(mariadb_module):
+    """A capture started from an old binlog position declares each table's current shape first
+    and then streams the binlog's own CREATE TABLE / RENAME of it: the empty table create-tables
+    made from the declaration gives way to the DDL (no "table exists" error outside safe mode),
+    and the later ALTER brings the downstream to the source's shape with every row."""
+    db = fresh_db(mariadb_module, "earliest")
+    v1 = Table(80, db, "t", [col("id", "int(11)", nullable=False), col("v", "int(11)")], ["id"])
+    now = v1.add_column(col("w", "varchar(5)"))          # the shape at capture start
+    a = Table(81, db, "a", [col("id", "int(11)", nullable=False)], ["id"])
+    b = a.rename(db, "b")
+    txns = [schema_txn(10, now, b),
+            ddl_txn(20, v1.create_ddl("CREATE TABLE t (id INT PRIMARY KEY, v INT)")),
+            txn(prewrite_value(v1.mutation(v1.insert(id=1, v=1))), 30),
+            ddl_txn(40, now.alter_ddl("ALTER TABLE t ADD COLUMN w VARCHAR(5)")),
+            txn(prewrite_value(now.mutation(now.insert(id=2, v=2, w="x"))), 50),
+            ddl_txn(60, a.create_ddl("CREATE TABLE a (id INT PRIMARY KEY)")),
+            txn(prewrite_value(a.mutation(a.insert(id=7))), 70),
+            ddl_txn(80, b.rename_ddl(a, "RENAME TABLE a TO b"))]
+    sink = sink_for(mariadb_module, history_of(txns), f"{db}_cp", **{"worker-count": 2})
+    run(apply_all(sink, txns, chunk=3))
+    assert mariadb_module.execute(f"SELECT * FROM `{db}`.t ORDER BY id") == [(1, 1, None), (2, 2, "x")]
+    assert mariadb_module.execute(f"SELECT * FROM `{db}`.b") == [(7,)]
+    assert sorted(r[0] for r in mariadb_module.execute(
+        "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA=%s", (db,))) == ["b", "t"]

@@ -19,7 +19,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +78,10 @@ class Pipeline:
 
 @contextlib.contextmanager
 def pipeline(workdir: Path, etcd_endpoint: str, pumps: list[str] | None = None,
-             producer_id: str = "cap-e2e", **capture_settings: object) -> Iterator[Pipeline]:
-    """Start everything a module needs; stop it all (by pid) at the end."""
+             producer_id: str = "cap-e2e", before_capture: Callable[[MariaDBServer], None] | None = None,
+             **capture_settings: object) -> Iterator[Pipeline]:
+    """Start everything a module needs; stop it all (by pid) at the end. `before_capture` runs
+    on the source before the capture starts (tables that predate it, for a snapshot)."""
     pumps = pumps or PUMPS
     # A private tmpdir each: the servers' internal temporary tables (information_schema
     # queries, ALTERs) are files named by pid and thread id, and in the shared /tmp another
@@ -96,6 +98,8 @@ def pipeline(workdir: Path, etcd_endpoint: str, pumps: list[str] | None = None,
         # in the shared /tmp.
         source.start()
         downstream.start()
+        if before_capture is not None:
+            before_capture(source)
         with running_cluster(workdir / "cluster", etcd_endpoint, pumps) as cluster:
             cap = start_capture(cluster, source, producer_id, **capture_settings)
             wait_streaming(cap)
@@ -146,14 +150,18 @@ def columns_of(server: MariaDBServer | Any, db: str, table: str) -> list[tuple[s
             conn.close()
 
 
+def _qid(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 def typed_rows(server: MariaDBServer | Any, db: str, table: str) -> list[tuple]:
     """Every row as a tuple of pymysql-typed values followed by one IS NULL flag per column,
     sorted (by repr: rows of a keyless table may repeat and mix types)."""
     conn, own = _conn(server)
     try:
         cols = [c[0] for c in columns_of(conn, db, table)]
-        flags = ",".join(f"`{c}` IS NULL" for c in cols)
-        return sorted(_query(conn, f"SELECT *, {flags} FROM `{db}`.`{table}`"), key=repr)
+        flags = ",".join(f"{_qid(c)} IS NULL" for c in cols)
+        return sorted(_query(conn, f"SELECT *, {flags} FROM {_qid(db)}.{_qid(table)}"), key=repr)
     finally:
         if own:
             conn.close()
@@ -207,8 +215,9 @@ def wait_equal(p: Pipeline, db: str, timeout: float = 60, tables: list[str] | No
         return not last[0]
     try:
         wait_until(equal, timeout, 0.5, what=f"the downstream {db} to equal the source")
-    except TimeoutError:
-        raise AssertionError("\n".join(last[0])) from None
+    except TimeoutError as e:
+        # No differences recorded: the comparison itself kept failing (its error is in e).
+        raise AssertionError("\n".join(last[0]) or str(e)) from None
     finally:
         src.close()
         dst.close()

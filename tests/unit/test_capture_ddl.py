@@ -64,8 +64,8 @@ def test_create_table_reads_every_column_type_and_key() -> None:
     expect = {   # name: (data_type, column_type, length, precision, scale, unsigned)
         "id": ("bigint", "bigint unsigned", 0, 0, 0, True),
         "ti": ("tinyint", "tinyint(4)", 0, 0, 0, False),
-        "si": ("smallint", "smallint unsigned", 0, 0, 0, True),
-        "zf": ("int", "int unsigned", 0, 0, 0, True),      # ZEROFILL implies UNSIGNED
+        "si": ("smallint", "smallint unsigned zerofill", 0, 0, 0, True),
+        "zf": ("int", "int unsigned zerofill", 0, 0, 0, True),  # ZEROFILL implies UNSIGNED
         "ig": ("int", "int", 0, 0, 0, False),
         "b": ("tinyint", "tinyint(1)", 0, 0, 0, False),
         "bo": ("tinyint", "tinyint(1)", 0, 0, 0, False),
@@ -298,3 +298,32 @@ def test_tracker_declare_seeded_covers_only_captured_tables() -> None:
     assert [(i.schema_name, i.table_name, i.version) for i in infos] == [("app", "t", 42)]
     assert [list(i.columns) for i in infos[0].indexes] == [["id"], ["code"]]
     assert tr.declared("app", "t") is infos[0] and tr.declared("app", "secret") is None
+
+
+def test_show_create_table_keeps_what_a_downstream_create_needs() -> None:
+    """What the MySQL sink's create-tables needs from SHOW CREATE TABLE and that TableMaps cannot
+    say: generation expressions exactly as written (with their kind), column and table
+    collations, ZEROFILL in the column type; a later TableMap of the seeded table keeps them."""
+    sql = """CREATE TABLE `t` (
+      `id` int(10) unsigned zerofill NOT NULL,
+      `a` varchar(10) CHARACTER SET latin1 COLLATE latin1_swedish_ci DEFAULT NULL,
+      `b` varchar(10) COLLATE utf8mb4_bin NOT NULL DEFAULT 'x(y)',
+      `g` int(11) GENERATED ALWAYS AS (`id` + char_length(`b`)) VIRTUAL,
+      `s` varchar(40) AS (concat(`b`,'-'',)',`id`)) PERSISTENT,
+      PRIMARY KEY (`id`), UNIQUE KEY `ub` (`b`)
+    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"""
+    st = ddl.parse(sql, "db")
+    assert st is not None and st.table_def is not None
+    c = {x.name: x for x in st.table_def.columns}
+    assert c["id"].column_type == "int(10) unsigned zerofill"
+    assert (c["a"].charset, c["a"].collation) == ("latin1", "latin1_swedish_ci")
+    assert (c["b"].charset, c["b"].collation) == ("utf8mb4", "utf8mb4_bin")
+    assert (c["g"].generated, c["g"].generation_expression, c["g"].generated_stored) == (
+        True, "(`id` + char_length(`b`))", False)
+    assert (c["s"].generation_expression, c["s"].generated_stored) == ("(concat(`b`,'-'',)',`id`))", True)
+    assert not c["b"].generation_expression
+    assert (st.table_def.charset, st.table_def.collation) == ("utf8mb4", "utf8mb4_unicode_ci")
+    tracker = SchemaTracker("src", TableFilter())
+    tracker.seed("db", "t", sql)
+    (info,) = tracker.declare_seeded([("db", "t")], version=5)
+    assert info.collation == "utf8mb4_unicode_ci" and info.columns[3].generation_expression

@@ -137,3 +137,40 @@ def test_merged_statements_lock_rows_in_identity_order_and_tables_in_name_order(
         "INSERT INTO `db`.`t` (`id`,`uk`,`v`) VALUES (2,NULL,3),(8,NULL,2) ON DUPLICATE KEY UPDATE "
         "`id`=VALUES(`id`),`uk`=VALUES(`uk`),`v`=VALUES(`v`)",
     ]
+
+
+def test_create_table_sql_gives_the_downstream_the_source_shape() -> None:
+    """create-tables' CREATE TABLE: the exact column type, character set and collation of
+    character columns only, generated columns with their expression and kind (never NOT NULL),
+    NULL spelled out, primary and unique keys, the table's charset and collation; names that
+    are not plain charset/collation names are left out, never pasted into the statement."""
+    from sluice.proto import sluice_pb2 as pb
+    info = Table(9, "d b", "t`x", [col("id", "int(10) unsigned zerofill", nullable=False),
+                                   col("k", "varchar(8)", nullable=False, charset="utf8mb4"),
+                                   col("n", "int(11)", charset="utf8mb4"),
+                                   col("g", "bigint(20)", generated=True)],
+                 primary=["id"], unique={"uk": ["k"]}).info
+    info.columns[1].collation = "utf8mb4_bin"
+    info.columns[2].collation = "utf8mb4_bin"       # not a character column: ignored
+    info.columns[3].generation_expression, info.columns[3].generated_stored = "(`id` * 2)", True
+    info.collation = "utf8mb4_unicode_ci"
+    assert sql.create_table_sql(info) == (
+        "CREATE TABLE IF NOT EXISTS `d b`.`t``x` (`id` int(10) unsigned zerofill NOT NULL, "
+        "`k` varchar(8) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, `n` int(11) NULL, "
+        "`g` bigint(20) GENERATED ALWAYS AS (`id` * 2) STORED, PRIMARY KEY (`id`), "
+        "UNIQUE KEY `uk` (`k`)) DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci")
+    hidden = info.columns.add(name="old", data_type="int", column_type="int(11)", hidden=True)
+    info.indexes.add(name="", columns=["old"], unique=True)         # on a dropped column: left out
+    info.indexes.add(name="", columns=["k", "id"], unique=True)     # no name: the server names it
+    assert hidden.hidden and sql.create_table_sql(info).endswith(
+        "UNIQUE KEY `uk` (`k`), UNIQUE KEY (`k`,`id`)) DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci")
+    info.collation = "x; DROP TABLE y"
+    assert sql.create_table_sql(info).endswith("DEFAULT CHARSET=utf8mb4")
+    assert sql.create_database_sql("we`ird") == "CREATE DATABASE IF NOT EXISTS `we``ird`"
+    # JSON is an alias that brings its own charset, collation and check.
+    assert sql.column_definition(pb.ColumnInfo(name="j", data_type="json", column_type="json",
+                                               charset="utf8mb4", collation="utf8mb4_bin",
+                                               nullable=True)) == "`j` json NULL"
+    # A shape from a TableMap alone has no length in its type text (the byte length is used).
+    assert sql.column_definition(pb.ColumnInfo(name="v", data_type="varchar", column_type="varchar",
+                                               length=40, nullable=False)) == "`v` varchar(40) NOT NULL"

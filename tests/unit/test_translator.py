@@ -144,11 +144,11 @@ def test_ddl_statements_use_the_source_text_or_the_structure():
     t = Table(1, "db", "t", [col("id", "int(11)", nullable=False), col("v", "varchar(3)")], ["id"])
     assert ddl_sql(t.create_ddl("CREATE TABLE t (id int)"), None) == ["USE `db`", "CREATE TABLE t (id int)"]
     assert ddl_sql(t.create_ddl(), None) == [
-        "CREATE TABLE IF NOT EXISTS `db`.`t` (`id` int(11) NOT NULL, `v` varchar(3), PRIMARY KEY (`id`)) "
+        "CREATE TABLE IF NOT EXISTS `db`.`t` (`id` int(11) NOT NULL, `v` varchar(3) NULL, PRIMARY KEY (`id`)) "
         "DEFAULT CHARSET=utf8mb4"]
     t2 = t.add_column(col("w", "int(11)")).drop_column("v")
     assert ddl_sql(t2.alter_ddl(), t.info) == [
-        "ALTER TABLE `db`.`t` ADD COLUMN IF NOT EXISTS `w` int(11), DROP COLUMN IF EXISTS `v`"]
+        "ALTER TABLE `db`.`t` ADD COLUMN IF NOT EXISTS `w` int(11) NULL, DROP COLUMN IF EXISTS `v`"]
     r = t.rename("db2", "u")
     assert ddl_sql(r.rename_ddl(t), t.info) == ["RENAME TABLE `db`.`t` TO `db2`.`u`"]
     assert ddl_sql(t.truncate_ddl(), t.info) == ["TRUNCATE TABLE `db`.`t`"]
