@@ -209,8 +209,10 @@ def test_standby_drainer_runs_as_ha_pair_and_takes_over(cluster_dir: Path, tmp_p
     """`standby = true` runs two HA instances of one drainer: `status` shows the active one and
     the standby, and after kill -9 of the active one the standby becomes active."""
     conf = tmp_path / "cluster.toml"
+    # restart = "no": the story is the standby's takeover, not the supervisor's restart of the
+    # killed instance (which could win the leader key back first).
     conf.write_text(SMALL_CLUSTER.replace("count = 2\nconfig", "count = 1\nconfig")
-                    .replace('sink = "file"\n', 'sink = "file"\nstandby = true\n'))
+                    .replace('sink = "file"\n', 'sink = "file"\nstandby = true\nrestart = "no"\n'))
     up = cli("up", "--dir", str(cluster_dir), "--config", str(conf))
     try:
         assert up.returncode == 0, up.stdout + up.stderr
