@@ -107,7 +107,9 @@ class Supervisor:
 
     def step(self, r: Recorded, state: State, now: float) -> Recorded:
         """What to do with one process this tick; returns its new record."""
-        alive = running(r)
+        child = self.children.get(r.pid)
+        # Its own child: Popen knows best (an exec'd command line no longer matches argv).
+        alive = child.poll() is None if child is not None else running(r)
         if r.want == "stop":
             if alive:
                 if not r.stop_sent:

@@ -52,6 +52,8 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     # Whatever the test did, nothing it started survives it.
     state = read_state(cc.Layout(d))
     if state is not None:
+        if state.supervisor is not None and running(state.supervisor):
+            os.kill(state.supervisor.pid, signal.SIGKILL)     # first: it would restart the rest
         for r in state.processes:
             if running(r):
                 os.kill(r.pid, signal.SIGKILL)
@@ -237,6 +239,155 @@ def test_standby_drainer_runs_as_ha_pair_and_takes_over(cluster_dir: Path, tmp_p
         os.kill(state.find("drainer-file").pid, signal.SIGKILL)
         wait_until(lambda: roles().get("drainer-file-standby") == ("active", "online"), 40, 0.5,
                    what="the standby to take over")
+    finally:
+        down = cli("down", "--dir", str(cluster_dir))
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Supervision (issue 21 item 1)
+# ---------------------------------------------------------------------------------------------
+
+def status_json(cluster_dir: Path) -> tuple[int, dict[str, dict]]:
+    st = cli("status", "--dir", str(cluster_dir), "--json")
+    return st.returncode, {r["process"]: r for r in json.loads(st.stdout)["processes"]}
+
+
+def pids(cluster_dir: Path) -> dict[str, int]:
+    state = read_state(cc.Layout(cluster_dir))
+    assert state is not None
+    return {r.name: r.pid for r in state.processes}
+
+
+@pytest.mark.timeout(180)
+def test_stop_start_restart_and_up_on_a_partly_running_cluster(
+        cluster_dir: Path, tmp_path: Path) -> None:
+    """`stop NAME` keeps a process down (status: stopped, with its exit); a process killed under
+    restart = "no" shows as dead with SIGKILL, never the registry's stale `online`; `up` on a
+    partly running cluster (its supervisor killed too) starts a new supervisor and only the
+    missing processes, leaving the running ones alone; `restart NAME` gives it a new pid."""
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(SMALL_CLUSTER.replace("[pump]\ncount = 2\n", '[pump]\ncount = 2\nrestart = "no"\n'))
+    up = cli("up", "--dir", str(cluster_dir), "--config", str(conf))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        before = pids(cluster_dir)
+
+        stop = cli("stop", "--dir", str(cluster_dir), "pump-2")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        time.sleep(2.5)                     # longer than the first restart delay (1 s)
+        rc, rows = status_json(cluster_dir)
+        assert rows["pump-2"]["running"] is False and rows["pump-2"]["state"] == "stopped"
+        assert rows["pump-2"]["exit"] in ("0", "SIGTERM"), rows["pump-2"]
+        assert rc == 0, "a process stopped on purpose is not a failure"
+
+        start = cli("start", "--dir", str(cluster_dir), "pump-2")
+        assert start.returncode == 0, start.stdout + start.stderr
+        rc, rows = status_json(cluster_dir)
+        assert rows["pump-2"]["running"] and rows["pump-2"]["state"] == "online", rows["pump-2"]
+        assert rows["pump-2"]["pid"] != before["pump-2"]
+        assert cli("stop", "--dir", str(cluster_dir), "pump-2").returncode == 0
+
+        os.kill(before["pump-1"], signal.SIGKILL)
+
+        def pump1_dead() -> bool:
+            return status_json(cluster_dir)[1]["pump-1"]["state"] == "dead"
+        wait_until(pump1_dead, 10, 0.3, what="pump-1 shown dead")
+        table = cli("status", "--dir", str(cluster_dir))
+        assert table.returncode == 1, "a process that should run and does not fails status"
+        assert re.search(r"^pump-1\s+\d+\s+no\s+dead\s+SIGKILL", table.stdout, re.M), table.stdout
+        assert re.search(r"^pump-2\s+\d+\s+no\s+stopped", table.stdout, re.M), table.stdout
+
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None and state.supervisor is not None
+        old_supervisor = state.supervisor.pid
+        os.kill(old_supervisor, signal.SIGKILL)
+
+        again = cli("up", "--dir", str(cluster_dir), "--config", str(conf))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "partly running; starting pump-1, pump-2" in again.stdout, again.stdout
+        after = pids(cluster_dir)
+        for name in ("etcd", "tso-1", "tso-2", "drainer-file"):
+            assert after[name] == before[name], f"{name} was restarted by `up`"
+        assert after["pump-1"] != before["pump-1"]
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None and state.supervisor is not None
+        assert state.supervisor.pid != old_supervisor and running(state.supervisor)
+        rc, rows = status_json(cluster_dir)
+        assert rc == 0 and all(r["running"] for r in rows.values()), rows
+        assert {rows[n]["state"] for n in ("pump-1", "pump-2")} == {"online"}
+
+        rs = cli("restart", "--dir", str(cluster_dir), "tso-2")
+        assert rs.returncode == 0, rs.stdout + rs.stderr
+        assert pids(cluster_dir)["tso-2"] != before["tso-2"]
+        assert status_json(cluster_dir)[1]["tso-2"]["state"] in ("leader", "standby")
+    finally:
+        down = cli("down", "--dir", str(cluster_dir))
+        assert down.returncode == 0, down.stdout + down.stderr
+    state = read_state(cc.Layout(cluster_dir))
+    assert state is not None and state.supervisor is None and state.processes == []
+
+
+def inserted_ids(out: Path, table: str) -> list[int]:
+    """Ids of the insert row events of `table` in a file sink's output, in file order."""
+    ids = []
+    for path in sorted(out.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            ev = json.loads(line)
+            if ev.get("op") == "c" and ev["source"]["table"] == table:
+                ids.append(ev["after"]["id"])
+    return ids
+
+
+@pytest.mark.mariadb
+@pytest.mark.timeout(150)
+def test_kill_9_of_the_pump_under_on_failure_restarts_it_and_rows_still_flow(
+        cluster_dir: Path, tmp_path: Path) -> None:
+    """Under the default restart policy (on-failure) a pump killed by kill -9 is started again by
+    the supervisor on its own, status counts the restart and shows SIGKILL as its last exit, and
+    rows written before and after the kill reach the file sink exactly once each."""
+    import pymysql
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(SMALL_CLUSTER.replace("count = 2\nconfig", "count = 1\nconfig")
+                    + "\n[mariadb]\nenabled = true\n\n[capture]\nenabled = true\n")
+    up = cli("up", "--dir", str(cluster_dir), "--config", str(conf), timeout=110)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None
+        host, _, port = state.find("mariadb").addr.rpartition(":")
+        conn = pymysql.connect(host=host, port=int(port), user="root", password="sluice-root",
+                               autocommit=True)
+        out = Path(state.find("drainer-file").data_dir) / "out"
+
+        def insert(ids: range) -> None:
+            with conn.cursor() as cur:
+                for i in ids:
+                    cur.execute("INSERT INTO shop.t VALUES (%s, %s)", (i, f"v{i}"))
+
+        with conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+            cur.execute("CREATE TABLE shop.t (id INT PRIMARY KEY, v VARCHAR(10))")
+        insert(range(1, 11))
+        wait_until(lambda: len(inserted_ids(out, "t")) >= 10, 40, 0.3, what="rows 1-10 delivered")
+
+        pump = state.find("pump-1")
+        os.kill(pump.pid, signal.SIGKILL)
+
+        def back() -> dict:
+            rc, rows = status_json(cluster_dir)
+            row = rows["pump-1"]
+            return row if row["running"] and row["state"] == "online" and row["pid"] != pump.pid \
+                else {}
+        row = wait_until(back, 40, 0.5, what="pump-1 restarted and online")
+        assert row["restarts"] == 1 and row["exit"] == "SIGKILL", row   # type: ignore[index]
+
+        insert(range(11, 21))
+        wait_until(lambda: len(inserted_ids(out, "t")) >= 20, 40, 0.3,
+                   what="rows 11-20 delivered after the restart")
+        time.sleep(1)                       # anything doubled would show up by now
+        assert sorted(inserted_ids(out, "t")) == list(range(1, 21))
+        conn.close()
     finally:
         down = cli("down", "--dir", str(cluster_dir))
         assert down.returncode == 0, down.stdout + down.stderr
