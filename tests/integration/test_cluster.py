@@ -40,9 +40,10 @@ config = { alive-ttl = 2, checkpoint-interval = 0.5, status-poll-interval = 0.2 
 """
 
 
-def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 90,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(sluice_argv("cluster", *args), capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+                          timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture
@@ -391,3 +392,128 @@ def test_kill_9_of_the_pump_under_on_failure_restarts_it_and_rows_still_flow(
     finally:
         down = cli("down", "--dir", str(cluster_dir))
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources as config (issue 21 item 2) and the quick start of docs/cluster.md
+# ---------------------------------------------------------------------------------------------
+
+QUICK_START = "## Quick start: my own MariaDB -> my own MariaDB (+ Spark)"
+
+
+def doc_toml_blocks(section: str | None = None) -> list[str]:
+    """The ```toml blocks of docs/cluster.md (of one `## ` section when given)."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    if section is not None:
+        assert section in text, f"docs/cluster.md lost its section {section!r}"
+        text = text.split(section, 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```toml\n(.*?)^```", text, re.M | re.S)
+
+
+def test_every_cluster_toml_in_docs_cluster_md_loads_through_the_config_classes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each TOML example of docs/cluster.md is a cluster.toml `up` accepts: it loads through
+    ClusterSpec and every process config it plans loads through its process's config class."""
+    blocks = doc_toml_blocks()
+    assert len(blocks) >= 4
+    monkeypatch.setenv("DOWNSTREAM_PASSWORD", "pw")     # the quick start's env:NAME secret
+    (tmp_path / "source.pw").write_text("secret\n")
+    for i, block in enumerate(blocks):
+        conf = tmp_path / f"example-{i}.toml"
+        conf.write_text(block)
+        spec = cc.load_spec(conf)
+        ports = iter(range(30000, 31000))
+        cc.plan(spec, cc.Layout(tmp_path / f"c{i}"), lambda _key: next(ports))
+
+
+def test_quick_start_with_spark_plans_captures_of_the_sources_without_a_local_mariadb(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quick start's TOML (with its Spark addition) plans one capture per [[sources]]
+    entry, mapped onto the capture's own keys, and no local MariaDB; two sources (the
+    shard-merge case) give two captures with their own producer and server ids."""
+    main, spark = doc_toml_blocks(QUICK_START)
+    monkeypatch.setenv("DOWNSTREAM_PASSWORD", "pw")
+    (tmp_path / "source.pw").write_text("s3cret\n")
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(main + "\n" + spark)
+    spec = cc.load_spec(conf)
+    ports = iter(range(30000, 31000))
+    plans = {p.name: p for p in cc.plan(spec, cc.Layout(tmp_path / "c"), lambda _k: next(ports))}
+    assert "mariadb" not in plans and "capture" not in plans
+    assert {"drainer-mysql", "drainer-spark", "capture-shop"} <= set(plans)
+    cap = plans["capture-shop"].config
+    assert cap["source"] == {"host": "127.0.0.1", "port": 3306, "user": "sluice",
+                             "server-id": 10001, "password": f"file:{tmp_path / 'source.pw'}"}
+    assert cap["filter"] == {"include-databases": ["shop"]}
+    assert (cap["snapshot-mode"], cap["snapshot-read-only"]) == ("initial", True)
+    assert cap["producer-id"] == "capture-shop"
+    assert "s3cret" not in cc.to_toml(cap), "the secret is referenced, never copied"
+
+    shards = tmp_path / "shards.toml"
+    shards.write_text('[[sources]]\nname = "eu"\nport = 3306\n\n'
+                      '[[sources]]\nname = "us"\nport = 3307\nrestart = "always"\n')
+    spec = cc.load_spec(shards)
+    plans = {p.name: p for p in cc.plan(spec, cc.Layout(tmp_path / "s"), lambda _k: next(ports))}
+    eu, us = plans["capture-eu"], plans["capture-us"]
+    assert (eu.node_id, us.node_id) == ("capture-eu", "capture-us")
+    assert (eu.config["source"]["server-id"], us.config["source"]["server-id"]) == (10001, 10002)
+    assert (cc.restart_policy(spec, eu), cc.restart_policy(spec, us)) == ("on-failure", "always")
+
+    with pytest.raises(cc.ConfigError, match="password-file"):
+        shards.write_text('[[sources]]\nname = "eu"\npassword-file = "missing.pw"\n')
+        cc.load_spec(shards)
+    with pytest.raises(cc.ConfigError, match="'restart' is 'sometimes'"):
+        cc.load_spec(None, ["restart=sometimes"])
+
+
+@pytest.mark.mariadb
+@pytest.mark.timeout(180)
+def test_quick_start_runs_as_written_from_an_external_mariadb_to_another(
+        cluster_dir: Path, tmp_path: Path) -> None:
+    """docs/cluster.md's quick start, run as written (ports replaced by the test servers'):
+    a source MariaDB the test runs (no `mariadb.enabled`), captured by its [[sources]] entry
+    with a password file and a least-privilege user, an initial snapshot and the stream after
+    it applied by a MySQL drainer; the downstream ends equal to the source."""
+    from tests.support.mariadb import ROOT_PASSWORD, MariaDBServer
+    main, _spark = doc_toml_blocks(QUICK_START)
+    source = MariaDBServer(tmp_path / "source", server_id=1).start()
+    downstream = MariaDBServer(tmp_path / "downstream", server_id=2).start()
+    try:
+        table = "CREATE TABLE shop.items (id INT PRIMARY KEY, name VARCHAR(20), qty INT)"
+        source.execute("CREATE USER 'sluice'@'127.0.0.1' IDENTIFIED BY 'capture-pw'")
+        source.execute("GRANT SELECT, REPLICATION SLAVE, BINLOG MONITOR ON *.* "
+                       "TO 'sluice'@'127.0.0.1'")
+        for server in (source, downstream):
+            server.execute("CREATE DATABASE shop")
+            server.execute(table)
+        for i in range(1, 6):                   # rows already there: the initial snapshot's
+            source.execute("INSERT INTO shop.items VALUES (%s, %s, %s)", (i, f"item{i}", i))
+
+        for doc_port, port in (("3306", source.port), ("3307", downstream.port)):
+            assert main.count(f"port = {doc_port}") == 1, main
+            main = main.replace(f"port = {doc_port}", f"port = {port}")
+        conf = tmp_path / "cluster.toml"
+        conf.write_text(main)
+        (tmp_path / "source.pw").write_text("capture-pw\n")
+        up = cli("up", "--dir", str(cluster_dir), "--config", str(conf), timeout=150,
+                 env={"DOWNSTREAM_PASSWORD": ROOT_PASSWORD})
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None
+        assert "capture-shop" in [r.name for r in state.processes]
+        assert not any(r.kind == "mariadb" for r in state.processes)
+
+        for i in range(6, 11):                  # and the stream after it
+            source.execute("INSERT INTO shop.items VALUES (%s, %s, %s)", (i, f"item{i}", i))
+        source.execute("UPDATE shop.items SET qty = qty + 100 WHERE id IN (1, 7)")
+        source.execute("DELETE FROM shop.items WHERE id = 2")
+        want = source.execute("SELECT * FROM shop.items ORDER BY id")
+
+        def equal() -> bool:
+            return downstream.execute("SELECT * FROM shop.items ORDER BY id") == want
+        wait_until(equal, 60, 0.5, what="the downstream equal to the source")
+    finally:
+        down = cli("down", "--dir", str(cluster_dir))
+        source.stop()
+        downstream.stop()
+    assert down.returncode == 0, down.stdout + down.stderr
