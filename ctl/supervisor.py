@@ -36,7 +36,7 @@ from .cluster_state import (BACKOFF, EXITED, FAILED, PENDING, RUNNING, STOPPED, 
 
 log = logging.getLogger("sluice.ctl.supervisor")
 
-TICK_S = 0.2
+TICK_S = 0.25
 
 
 def spawn(r: Recorded, note: str = "") -> tuple[subprocess.Popen[bytes], float]:
