@@ -47,11 +47,6 @@ DEFAULT_DIR = ".sluice-cluster"
 POLL_S = 0.1
 
 
-# The state file lives in cluster_state; these names stay importable from here.
-__all__ = ["Recorded", "State", "read_state", "write_state", "running", "up", "down",
-           "status_rows", "Health"]
-
-
 # ---------------------------------------------------------------------------------------------
 # Processes: ours, by pid and command line
 # ---------------------------------------------------------------------------------------------
@@ -471,14 +466,19 @@ def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
             raise ConfigError(f"cluster in {layout.root} runs {', '.join(stray)}, which "
                               "the config no longer has: `sluice cluster stop NAME` or "
                               "`sluice cluster down` first")
+        changed = [p.name for p in plans if p.name in kept and running(kept[p.name])
+                   and kept[p.name].argv != list(p.argv)]
+        if changed:
+            raise ConfigError(f"cluster in {layout.root} runs {', '.join(changed)} with another "
+                              "command line than this config plans: `sluice cluster down` first")
         records = [_record(p, kept.get(p.name), restart_policy(spec, p)) for p in plans]
+        rp = spec.restart_policy
         state = State(spec.cluster_id, etcd_addr,
                       {"ssl-ca": sec.ssl_ca, "ssl-cert": sec.ssl_cert, "ssl-key": sec.ssl_key}
                       if sec.enabled else {}, ports, spec.stop_timeout, records,
-                      old.supervisor if old is not None else None,
-                      spec.restart_policy.max_attempts, spec.restart_policy.delay,
-                      spec.restart_policy.max_delay, spec.restart_policy.window,
-                      spec.start_timeout)
+                      supervisor=old.supervisor if old is not None else None,
+                      max_attempts=rp.max_attempts, delay=rp.delay, max_delay=rp.max_delay,
+                      window=rp.window, start_timeout=spec.start_timeout)
         if not supervisor_running(state):
             _start_supervisor(layout, state)
         write_state(layout, state)
