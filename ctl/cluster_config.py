@@ -207,7 +207,7 @@ class SourceFilterSpec:
     """[[sources]] filter: the capture's own `[filter]` keys (capture.toml)."""
 
     include_databases: list[str] = field(default_factory=list)   # only these (empty: all)
-    exclude_databases: list[str] = field(default_factory=list)
+    exclude_databases: list[str] = field(default_factory=list)   # never these
     include_tables: list[str] = field(default_factory=list)      # regex on "db.table"
     exclude_tables: list[str] = field(default_factory=list)      # regex on "db.table"
 
@@ -699,7 +699,9 @@ def key_docs(cls: type, prefix: str = "") -> list[KeyDoc]:
         items = typing.get_args(tp) if typing.get_origin(tp) is list else ()
         if items and dataclasses.is_dataclass(items[0]):
             # An array of tables ([[drainers]]): document its item's keys as `drainers[].key`.
-            out.append(KeyDoc(key, f"array of tables [[{key}]]", "one item with the defaults below",
+            some = f.default_factory is not dataclasses.MISSING and f.default_factory()  # type: ignore[misc]
+            out.append(KeyDoc(key, f"array of tables [[{key}]]",
+                              "one item with the defaults below" if some else "none",
                               comments.get(f.name, "")))
             nested.append((key + "[].", items[0]))
             continue
