@@ -1,18 +1,21 @@
-"""`sluice cluster up|down|status|logs`: a whole local cluster from one TOML.
+"""`sluice cluster up|down|status|logs|stop|start|restart`: a whole local cluster from one TOML.
 
 `up` plans the cluster (`sluice.ctl.cluster_config`: etcd, TSOs, pumps, the Derby metastore for
-Spark drainers, MariaDB, drainers, capture), writes each process's TOML into the cluster dir,
-starts every process detached (its own session, so `up` returns and a Ctrl-C in the shell does
-not reach them) with its own data dir and log file, and waits until each is healthy before the
-next starts: etcd answers, every TSO answers (one is the leader), pumps and drainers are online
-and alive in the registry, a standby drainer (`standby = true`: both instances run with
-`ha = true`) waits with its standby key alive in etcd. The state file (`cluster.json`) records every pid, its command line,
-its start time and the ports.
+Spark drainers, MariaDB, drainers, one capture per source), writes each process's TOML into the
+cluster dir, starts the cluster's supervisor (`sluice.ctl.supervisor`, detached: it outlives
+`up`) and asks it to start each process in turn, waiting until each is healthy before the next:
+etcd answers, every TSO answers (one is the leader), pumps and drainers are online and alive in
+the registry, a standby drainer (`standby = true`: both instances run with `ha = true`) waits
+with its standby key alive in etcd. The supervisor restarts a process that ends according to
+its restart policy. On a partly running cluster `up` starts only what is missing. The state
+file (`cluster.json`, `sluice.ctl.cluster_state`) records every pid, its command line, its start
+time, its restarts and last exit code, and the ports.
 
-Invariant: `down` signals only the processes this cluster started, each by its recorded pid and
-only while that pid still runs the recorded command line with the recorded start time (a reused
-pid is never touched); it stops them in reverse start order — SIGTERM, wait, then SIGKILL — and
-returns 0 only when none of them is left.
+Invariant: `down` stops the supervisor first (nothing is restarted behind it), then signals only
+the processes this cluster started, each by its recorded pid and only while that pid still runs
+the recorded command line with the recorded start time (a reused pid is never touched); it stops
+them in reverse start order — SIGTERM, wait, then SIGKILL — and returns 0 only when none of them
+is left.
 """
 from __future__ import annotations
 
@@ -25,9 +28,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,148 +38,25 @@ import psutil
 
 from sluice.core import ts as tsmod
 from sluice.core.errors import ConfigError, SluiceError, Unavailable
-from sluice.core.tls import SecurityConfig
 
-from .cluster_config import ClusterSpec, Layout, ProcessPlan, load_spec, plan, to_toml
+from .cluster_config import ClusterSpec, Layout, ProcessPlan, load_spec, plan, restart_policy, to_toml
+from .cluster_state import (BACKOFF, EXITED, FAILED, PENDING, RUNNING, STOPPED, STOPPING, Recorded,
+                            State, locked, read_state, running, write_state)
 
 DEFAULT_DIR = ".sluice-cluster"
-STATE_VERSION = 1
 POLL_S = 0.1
-
-
-# ---------------------------------------------------------------------------------------------
-# The state file
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Recorded:
-    """One started process as the state file keeps it."""
-
-    name: str
-    kind: str
-    pid: int
-    create_time: float           # psutil's start time: with argv, tells our pid from a reused one
-    argv: list[str]
-    addr: str
-    log: str
-    data_dir: str
-    config_path: str = ""
-    metrics_addr: str = ""
-    node_id: str = ""
-    standby: bool = False
-
-
-@dataclass
-class State:
-    cluster_id: int
-    etcd: str
-    security: dict[str, str] = field(default_factory=dict)
-    ports: dict[str, int] = field(default_factory=dict)
-    stop_timeout: float = 15.0
-    processes: list[Recorded] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        d = dataclasses.asdict(self)
-        d["version"] = STATE_VERSION
-        return json.dumps(d, indent=2)
-
-    @classmethod
-    def from_json(cls, text: str, where: str) -> "State":
-        try:
-            d = json.loads(text)
-            if d.pop("version", None) != STATE_VERSION:
-                raise ValueError(f"state version is not {STATE_VERSION}")
-            d["processes"] = [Recorded(**p) for p in d.get("processes", [])]
-            return cls(**d)
-        except (ValueError, TypeError) as e:
-            raise ConfigError(f"{where}: not a cluster state file ({e}); remove it after making "
-                              "sure none of its processes runs") from None
-
-    def security_config(self) -> SecurityConfig:
-        return SecurityConfig(**{k.replace("-", "_"): v for k, v in self.security.items()})
-
-    def find(self, name: str) -> Recorded:
-        for r in self.processes:
-            if r.name == name:
-                return r
-        known = ", ".join(r.name for r in self.processes) or "none"
-        raise ConfigError(f"no process {name!r} in this cluster (known: {known})")
-
-
-def read_state(layout: Layout) -> State | None:
-    try:
-        text = layout.state_file.read_text()
-    except FileNotFoundError:
-        return None
-    return State.from_json(text, str(layout.state_file))
-
-
-def write_state(layout: Layout, state: State) -> None:
-    tmp = layout.state_file.with_suffix(".json.tmp")
-    tmp.write_text(state.to_json())
-    os.replace(tmp, layout.state_file)
 
 
 # ---------------------------------------------------------------------------------------------
 # Processes: ours, by pid and command line
 # ---------------------------------------------------------------------------------------------
 
-def running(r: Recorded) -> bool:
-    """True while r.pid is still the process we started (same argv and start time)."""
-    if r.pid <= 0:
-        return False
-    try:
-        p = psutil.Process(r.pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return False
-        if abs(p.create_time() - r.create_time) >= 1.0:
-            return False
-        argv = p.cmdline()
-        if not argv:
-            # /proc/<pid>/cmdline reads empty for a moment around exec and under memory
-            # pressure; the start time alone still tells our process from a reused pid.
-            time.sleep(0.05)
-            argv = p.cmdline() or r.argv
-        return argv == r.argv
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return False
-
-
-def start_process(p: ProcessPlan) -> Recorded:
-    # Private, as etcd wants its data dir (it warns at every start otherwise).
-    Path(p.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
-    Path(p.log).parent.mkdir(parents=True, exist_ok=True)
-    with open(p.log, "ab") as log:
-        log.write(f"---- {time.strftime('%Y-%m-%dT%H:%M:%S')} sluice cluster starts "
-                  f"{p.name}\n".encode())
-        log.flush()
-        popen = subprocess.Popen(list(p.argv), stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                 cwd=p.data_dir)
-    try:
-        created = psutil.Process(popen.pid).create_time()
-    except psutil.NoSuchProcess:
-        created = 0.0
-    # `up` returns while its children run on: they must not stay our zombies if `up` is a
-    # long-lived caller (tests call it in-process too), so a thread reaps each one.
-    import threading
-    _CHILDREN[popen.pid] = popen
-    threading.Thread(target=popen.wait, name=f"reap-{p.name}", daemon=True).start()
-    return Recorded(p.name, p.kind, popen.pid, created, list(p.argv), p.addr, p.log, p.data_dir,
-                    p.config_path, p.metrics_addr, p.node_id, p.standby)
-
-
-# Children started by this process (pid -> Popen), so a start-up failure can say how it ended.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def exit_status(r: Recorded) -> str:
-    """How a child of this process ended ("exit code 1", "killed by signal 9"), or ""."""
-    popen = _CHILDREN.get(r.pid)
-    code = popen.poll() if popen is not None else None
-    if code is None:
-        return ""
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+def describe_exit(r: Recorded) -> str:
+    """How r's last run ended ("exit code 1", "killed by SIGKILL", "exit status unknown")."""
+    text = r.exit_text()
+    if not text or text == "?":
+        return "exit status unknown" if r.status in (EXITED, BACKOFF, FAILED) else ""
+    return f"exit code {text}" if text.lstrip("-").isdigit() else f"killed by {text}"
 
 
 def stop_process(r: Recorded, timeout: float) -> str:
@@ -310,15 +190,17 @@ def port_open(addr: str) -> bool:
         return s.connect_ex((host or "127.0.0.1", int(port))) == 0
 
 
-def wait_healthy(r: Recorded, check: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_healthy(r: Recorded, check: Callable[[], bool], timeout: float, what: str,
+                 layout: Layout | None = None) -> None:
+    """Probe `check` until it passes; fail at once when r ends (or is restarted) meanwhile."""
     end = time.monotonic() + timeout
     last = ""
     while True:
-        if not running(r):
-            how = exit_status(r)
+        ended = _ended_since(r, layout)
+        if ended is not None:
+            how = describe_exit(ended)
             raise Unavailable(f"{r.name} exited during start-up{f' ({how})' if how else ''}; "
-                              f"last lines of {r.log}:\n"
-                              + "\n".join(tail(r.log, 15)))
+                              f"last lines of {r.log}:\n" + "\n".join(tail(r.log, 15)))
         try:
             if check():
                 return
@@ -327,6 +209,23 @@ def wait_healthy(r: Recorded, check: Callable[[], bool], timeout: float, what: s
         if time.monotonic() > end:
             raise Unavailable(f"{r.name} not {what} after {timeout:.0f}s{last}; see {r.log}")
         time.sleep(POLL_S)
+
+
+def _ended_since(r: Recorded, layout: Layout | None) -> Recorded | None:
+    """r's current record when the run r describes has ended, else None."""
+    if layout is None:
+        return None if running(r) else r
+    state = read_state(layout)
+    now = state.find(r.name) if state is not None else r
+    if now.pid == r.pid and now.status == RUNNING and running(now):
+        return None
+    # The supervisor may not have noticed yet: wait for its record of how the run ended.
+    deadline = time.monotonic() + 2
+    while now.pid == r.pid and now.status == RUNNING and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        state = read_state(layout)
+        now = state.find(r.name) if state is not None else r
+    return now
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,23 +281,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_argument("--dir", default=DEFAULT_DIR,
                         help=f"cluster directory: configs, data, logs, state (default ./{DEFAULT_DIR})")
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    up = sub.add_parser("up", parents=[common], help="start the cluster and wait until healthy")
+    up = sub.add_parser("up", parents=[common], help="start the cluster (or what of it is not "
+                        "running) and wait until healthy")
     up.add_argument("--config", "-c", help="cluster TOML (defaults built in; see docs/cluster.md)")
     up.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a cluster key, e.g. --set pump.count=3")
-    sub.add_parser("down", parents=[common], help="stop every process of the cluster")
+    sub.add_parser("down", parents=[common], help="stop the supervisor and every process")
     st = sub.add_parser("status", parents=[common], help="a table of the cluster's processes")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     lg = sub.add_parser("logs", parents=[common], help="show (or follow) the processes' logs")
-    lg.add_argument("process", nargs="?", help="one process (etcd, tso-1, pump-2, ...); default all")
+    lg.add_argument("process", nargs="?", help="one process (etcd, tso-1, pump-2, supervisor, "
+                    "...); default all")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     lg.add_argument("-n", "--lines", type=int, default=20, help="lines of each log (default 20)")
+    stop = sub.add_parser("stop", parents=[common], help="stop one process; it stays down "
+                          "(no restart) until `start` or `up`")
+    stop.add_argument("process", help="the process (see `status`)")
+    start = sub.add_parser("start", parents=[common], help="start one stopped or dead process "
+                           "and wait until healthy")
+    start.add_argument("process", help="the process (see `status`)")
+    rs = sub.add_parser("restart", parents=[common], help="stop and start one process, or every "
+                        "process in order")
+    rs.add_argument("process", nargs="?", help="the process; default: all")
+    sub.add_parser("supervise", parents=[common])   # internal: started by `up`, no help line
 
 
 def run(args: argparse.Namespace) -> int:
     layout = Layout(Path(args.dir).resolve())
-    return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "logs": cmd_logs}[args.action](
-        args, layout)
+    if args.action == "supervise":
+        from .supervisor import supervise
+        return supervise(layout)
+    return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "logs": cmd_logs,
+            "stop": cmd_stop, "start": cmd_start, "restart": cmd_restart}[args.action](args, layout)
 
 
 def _free_port(host: str) -> int:
@@ -418,31 +332,119 @@ def _port_free(host: str, port: int) -> bool:
             return False
 
 
+# ---------------------------------------------------------------------------------------------
+# The supervisor, seen from the CLI
+# ---------------------------------------------------------------------------------------------
+
+def supervisor_running(state: State) -> bool:
+    return state.supervisor is not None and running(state.supervisor)
+
+
+def _start_supervisor(layout: Layout, state: State) -> None:
+    """Start the cluster's supervisor; call with the state lock held and write `state` before
+    releasing it (the supervisor runs only while the state file names it)."""
+    argv = [sys.executable, "-m", "sluice.ctl.main", "cluster", "supervise", "--dir",
+            str(layout.root)]
+    log_path = layout.log("supervisor")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                 cwd=layout.root)
+    try:
+        created = psutil.Process(popen.pid).create_time()
+    except psutil.NoSuchProcess:
+        created = 0.0
+    # A long-lived caller (the demo, tests calling `up` in-process) must not keep it a zombie.
+    threading.Thread(target=popen.wait, name="reap-supervisor", daemon=True).start()
+    state.supervisor = Recorded("supervisor", "supervisor", popen.pid, created, argv, "",
+                                str(log_path), str(layout.root))
+
+
+def _ensure_supervisor(layout: Layout) -> State:
+    with locked(layout):
+        state = _existing(layout)
+        if not supervisor_running(state):
+            _start_supervisor(layout, state)
+            write_state(layout, state)
+    return state
+
+
+def _existing(layout: Layout) -> State:
+    state = read_state(layout)
+    if state is None or not state.processes:
+        raise ConfigError(f"no cluster in {layout.root}: `sluice cluster up` first")
+    return state
+
+
+def _want(layout: Layout, name: str, **changes: Any) -> Recorded:
+    with locked(layout):
+        state = _existing(layout)
+        r = state.replace(name, **changes)
+        write_state(layout, state)
+    return r
+
+
+def wait_started(layout: Layout, name: str, timeout: float) -> Recorded:
+    """Wait until the supervisor has started `name` (after `_want(..., status=PENDING)`)."""
+    end = time.monotonic() + timeout
+    while True:
+        state = _existing(layout)
+        r = state.find(name)
+        if r.status == RUNNING and running(r):
+            return r
+        if r.status in (EXITED, BACKOFF, FAILED):
+            how = describe_exit(r)
+            raise Unavailable(f"{name} exited during start-up{f' ({how})' if how else ''}; "
+                              f"last lines of {r.log}:\n" + "\n".join(tail(r.log, 15)))
+        if not supervisor_running(state):
+            raise Unavailable(f"the cluster's supervisor is not running; see "
+                              f"{layout.log('supervisor')}")
+        if time.monotonic() > end:
+            raise Unavailable(f"{name} not started after {timeout:.0f}s; see "
+                              f"{layout.log('supervisor')}")
+        time.sleep(POLL_S)
+
+
+def wait_stopped(layout: Layout, name: str, timeout: float) -> Recorded:
+    end = time.monotonic() + timeout
+    while True:
+        r = _existing(layout).find(name)
+        if r.status == STOPPED and not running(r):
+            return r
+        if time.monotonic() > end:
+            raise Unavailable(f"{name} (pid {r.pid}) not stopped after {timeout:.0f}s")
+        time.sleep(POLL_S)
+
+
+# ---------------------------------------------------------------------------------------------
+# up
+# ---------------------------------------------------------------------------------------------
+
 def cmd_up(args: argparse.Namespace, layout: Layout) -> int:
     return up(layout, args.config, args.overrides)
 
 
 def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
     """Start the cluster of `config` (+ overrides) in layout and wait until every process is
-    healthy; on a failure stop what was started and return 1. `sluice demo` runs this too."""
+    healthy; on a partly running cluster start only what is missing. On a failure stop what was
+    started and return 1. `sluice demo` runs this too."""
     spec = load_spec(config, overrides)
-    old = read_state(layout)
-    if old is not None:
-        alive = [r.name for r in old.processes if running(r)]
-        if alive:
-            raise ConfigError(f"cluster in {layout.root} is already running ({', '.join(alive)}); "
-                              "`sluice cluster status`, or `sluice cluster down` first")
     for d in ("conf", "data", "logs", "run"):
         (layout.root / d).mkdir(parents=True, exist_ok=True)
+    old = read_state(layout)
+    partly = old is not None and any(running(r) for r in old.processes)
 
-    # Ports of a previous `up` are reused when free: pumps and drainers keep their addresses.
+    # Ports of a previous `up` are reused when free (pumps and drainers keep their addresses),
+    # and always while part of the cluster runs: the running processes hold them.
     ports: dict[str, int] = {}
     previous = old.ports if old is not None else {}
 
     def port(key: str) -> int:
         if key not in ports:
             p = previous.get(key, 0)
-            ports[key] = p if p and _port_free(spec.host, p) and p not in ports.values() else 0
+            ok = p and (partly or _port_free(spec.host, p)) and p not in ports.values()
+            ports[key] = p if ok else 0
             while not ports[key] or list(ports.values()).count(ports[key]) > 1:
                 ports[key] = _free_port(spec.host)
         return ports[key]
@@ -450,20 +452,48 @@ def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
     plans = plan(spec, layout, port)        # validates every config before anything starts
     for p in plans:
         if p.config_path:
-            Path(p.config_path).write_text(to_toml(p.config))
+            path = Path(p.config_path)
+            path.write_text(to_toml(p.config))
+            path.chmod(0o600)                # it may hold a password
     etcd_addr = next(p.addr for p in plans if p.kind == "etcd")
     sec = spec.security
-    state = State(spec.cluster_id, etcd_addr,
-                  {"ssl-ca": sec.ssl_ca, "ssl-cert": sec.ssl_cert, "ssl-key": sec.ssl_key}
-                  if sec.enabled else {}, ports, spec.stop_timeout)
-    write_state(layout, state)
+    with locked(layout):
+        old = read_state(layout)
+        kept = {r.name: r for r in (old.processes if old is not None else [])}
+        planned = {p.name for p in plans}
+        stray = [n for n, r in kept.items() if n not in planned and running(r)]
+        if stray:
+            raise ConfigError(f"cluster in {layout.root} runs {', '.join(stray)}, which "
+                              "the config no longer has: `sluice cluster stop NAME` or "
+                              "`sluice cluster down` first")
+        changed = [p.name for p in plans if p.name in kept and running(kept[p.name])
+                   and kept[p.name].argv != list(p.argv)]
+        if changed:
+            raise ConfigError(f"cluster in {layout.root} runs {', '.join(changed)} with another "
+                              "command line than this config plans: `sluice cluster down` first")
+        records = [_record(p, kept.get(p.name), restart_policy(spec, p)) for p in plans]
+        rp = spec.restart_policy
+        state = State(spec.cluster_id, etcd_addr,
+                      {"ssl-ca": sec.ssl_ca, "ssl-cert": sec.ssl_cert, "ssl-key": sec.ssl_key}
+                      if sec.enabled else {}, ports, spec.stop_timeout, records,
+                      supervisor=old.supervisor if old is not None else None,
+                      max_attempts=rp.max_attempts, delay=rp.delay, max_delay=rp.max_delay,
+                      window=rp.window, start_timeout=spec.start_timeout)
+        if not supervisor_running(state):
+            _start_supervisor(layout, state)
+        write_state(layout, state)
     health = Health(state)
-    print(f"starting cluster {spec.cluster_id} in {layout.root}")
+    missing = [r.name for r in records if not running(r)]
+    if partly:
+        print(f"cluster {spec.cluster_id} in {layout.root} is partly running; starting "
+              f"{', '.join(missing) or 'nothing: every process runs'}")
+    else:
+        print(f"starting cluster {spec.cluster_id} in {layout.root}")
     started = time.monotonic()
     try:
         for p in plans:
-            _start_one(p, spec, layout, state, health)
-        tsos = [r for r in state.processes if r.kind == "tso"]
+            _start_one(p, spec, layout, health)
+        tsos = [r for r in _existing(layout).processes if r.kind == "tso"]
         if tsos:
             wait_healthy(tsos[0], lambda: health.tso_leader_ready(tsos), spec.start_timeout,
                          "serving as TSO leader")
@@ -471,60 +501,162 @@ def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
         print(f"sluice cluster up: {e}", file=sys.stderr)
         print("stopping what was started", file=sys.stderr)
         health.close()
-        _down(layout, state, spec.stop_timeout, quiet=True)
+        _down(layout, spec.stop_timeout, quiet=True)
         return 1
     print(f"cluster up in {time.monotonic() - started:.1f}s")
-    _print_status(state, health, as_json=False)
+    _print_status(_existing(layout), health, as_json=False)
     health.close()
     return 0
 
 
-def _start_one(p: ProcessPlan, spec: ClusterSpec, layout: Layout, state: State,
-               health: Health) -> None:
+def _record(p: ProcessPlan, prev: Recorded | None, restart: str) -> Recorded:
+    """p's record: the running one kept (adopted), else a new one not started yet."""
+    if prev is not None and running(prev) and prev.argv == list(p.argv):
+        return dataclasses.replace(prev, restart=restart, want="run", status=RUNNING)
+    return Recorded(p.name, p.kind, 0, 0.0, list(p.argv), p.addr, p.log, p.data_dir,
+                    p.config_path, p.metrics_addr, p.node_id, p.standby, restart=restart,
+                    want="stop", status=STOPPED,
+                    restarts=prev.restarts if prev is not None else 0,
+                    last_exit=prev.last_exit if prev is not None else None,
+                    exit_known=prev.exit_known if prev is not None else False)
+
+
+def _start_one(p: ProcessPlan, spec: ClusterSpec, layout: Layout, health: Health) -> None:
+    current = _existing(layout).find(p.name)
+    if running(current):
+        _wait_up(layout, current, health, spec.start_timeout, spec)
+        print(f"  {p.name:<16} pid {current.pid:<7} {p.addr} (already running)")
+        return
     fresh_db = p.kind == "mariadb" and mariadb_install(p)
-    r = start_process(p)
-    state.processes.append(r)
-    write_state(layout, state)             # recorded before waiting: `down` can always stop it
-    t = spec.start_timeout
+    _want(layout, p.name, want="run", status=PENDING, failures=0)
+    r = wait_started(layout, p.name, spec.start_timeout)
     if p.kind == "mariadb":
-        wait_healthy(r, lambda: port_open(r.addr), t, "listening")
+        wait_healthy(r, lambda: port_open(r.addr), spec.start_timeout, "listening", layout)
         if fresh_db:
             mariadb_grant(spec, layout.root / "run" / "mariadb.sock")
-        wait_healthy(r, lambda: mariadb_login(spec, r.addr), t, "accepting logins")
-    else:
-        what = {"etcd": "ready", "tso": "answering GetTS", "pump": "online and alive",
-                "drainer": "online and alive", "capture": "streaming"}.get(p.kind, "listening")
-        if p.standby:
-            what = "waiting as standby"
-        wait_healthy(r, lambda: health.healthy(r), t, what)
+    _wait_up(layout, r, health, spec.start_timeout, spec)
     print(f"  {p.name:<16} pid {r.pid:<7} {p.addr}")
 
+
+def _wait_up(layout: Layout, r: Recorded, health: Health, timeout: float,
+             spec: ClusterSpec | None) -> None:
+    if r.kind == "mariadb":
+        if spec is None:
+            wait_healthy(r, lambda: port_open(r.addr), timeout, "listening", layout)
+        else:
+            wait_healthy(r, lambda: mariadb_login(spec, r.addr), timeout, "accepting logins",
+                         layout)
+        return
+    what = {"etcd": "ready", "tso": "answering GetTS", "pump": "online and alive",
+            "drainer": "online and alive", "capture": "streaming"}.get(r.kind, "listening")
+    if r.standby:
+        what = "waiting as standby"
+    wait_healthy(r, lambda: health.healthy(r), timeout, what, layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# stop | start | restart
+# ---------------------------------------------------------------------------------------------
+
+def stop_one(layout: Layout, name: str) -> Recorded:
+    """Stop `name` and keep it down (no restart) until `start`/`up`; returns its record."""
+    state = _existing(layout)
+    state.find(name)
+    _want(layout, name, want="stop")
+    if supervisor_running(state):
+        return wait_stopped(layout, name, state.stop_timeout + 15)
+    # No supervisor to do it: stop it here, by its verified pid.
+    stop_process(state.find(name), state.stop_timeout)
+    return _want(layout, name, status=STOPPED)
+
+
+def start_one(layout: Layout, name: str) -> Recorded:
+    """Start `name` (stopped, dead or given up) and wait until it is healthy."""
+    state = _ensure_supervisor(layout)
+    r = state.find(name)
+    if running(r) and r.want == "run":
+        print(f"  {name:<16} pid {r.pid:<7} {r.addr} (already running)")
+        return r
+    _want(layout, name, want="run", status=PENDING, failures=0)
+    r = wait_started(layout, name, state.start_timeout)
+    health = Health(state)
+    try:
+        _wait_up(layout, r, health, state.start_timeout, None)
+    finally:
+        health.close()
+    print(f"  {name:<16} pid {r.pid:<7} {r.addr} started")
+    return r
+
+
+def cmd_stop(args: argparse.Namespace, layout: Layout) -> int:
+    r = stop_one(layout, args.process)
+    how = describe_exit(r)
+    print(f"  {r.name:<16} pid {r.pid:<7} stopped{f' ({how})' if how else ''}")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace, layout: Layout) -> int:
+    start_one(layout, args.process)
+    return 0
+
+
+def cmd_restart(args: argparse.Namespace, layout: Layout) -> int:
+    state = _existing(layout)
+    names = [args.process] if args.process else [r.name for r in state.processes]
+    for name in names:
+        state.find(name)
+    for name in reversed(names):
+        r = stop_one(layout, name)
+        print(f"  {name:<16} pid {r.pid:<7} stopped")
+    for name in names:
+        start_one(layout, name)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# down
+# ---------------------------------------------------------------------------------------------
 
 def cmd_down(args: argparse.Namespace, layout: Layout) -> int:
     return down(layout)
 
 
 def down(layout: Layout, quiet: bool = False) -> int:
-    """Stop every process the cluster in layout started (0: none is left)."""
+    """Stop the supervisor, then every process the cluster in layout started (0: none is left)."""
     state = read_state(layout)
     if state is None:
         if not quiet:
             print(f"no cluster in {layout.root}")
         return 0
-    return _down(layout, state, state.stop_timeout, quiet)
+    return _down(layout, state.stop_timeout, quiet)
 
 
-def _down(layout: Layout, state: State, timeout: float, quiet: bool = False) -> int:
+def _down(layout: Layout, timeout: float, quiet: bool = False) -> int:
+    state = read_state(layout)
+    if state is None:
+        return 0
+    if state.supervisor is not None:
+        # First, so that nothing is restarted behind our back.
+        outcome = stop_process(state.supervisor, timeout)
+        if not quiet:
+            print(f"  {'supervisor':<16} pid {state.supervisor.pid:<7} {outcome}")
+    with locked(layout):
+        state = read_state(layout) or state
     left = []
     for r in reversed(state.processes):
+        if r.pid <= 0:
+            continue
         outcome = stop_process(r, timeout)
         if not quiet:
             print(f"  {r.name:<16} pid {r.pid:<7} {outcome}")
         if outcome == "still running":
             left.append(r)
     # Keep the ports (a later `up` reuses them) but forget the pids: they are not ours any more.
-    state.processes = left
-    write_state(layout, state)
+    with locked(layout):
+        state = read_state(layout) or state
+        state.processes = [r for r in state.processes if r in left]
+        state.supervisor = None
+        write_state(layout, state)
     if left:
         print(f"sluice cluster down: still running: {', '.join(r.name for r in left)}",
               file=sys.stderr)
@@ -534,24 +666,41 @@ def _down(layout: Layout, state: State, timeout: float, quiet: bool = False) -> 
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# status
+# ---------------------------------------------------------------------------------------------
+
+def _down_state(r: Recorded) -> str:
+    """The STATE of a process that does not run: what the supervisor knows, never the
+    registry's last word (a killed pump stays `online` there until its key expires)."""
+    if r.want == "stop" or r.status == STOPPED:
+        return "stopped"
+    return {BACKOFF: "restarting", FAILED: "failed", PENDING: "starting",
+            STOPPING: "stopping"}.get(r.status, "dead")
+
+
 def _rows(state: State, health: Health) -> list[dict[str, Any]]:
     rows = []
     for r in state.processes:
         up = running(r)
         row: dict[str, Any] = {"process": r.name, "pid": r.pid, "running": up, "state": "",
-                               "alive": "", "address": r.addr, "lag": ""}
+                               "alive": "", "restarts": r.restarts, "exit": r.exit_text(),
+                               "restart": r.restart, "want": r.want, "address": r.addr,
+                               "lag": ""}
         try:
-            if r.kind == "etcd":
-                row["state"] = "ready" if up and health.etcd_ready() else "down"
+            if not up:
+                row["state"] = _down_state(r)
+            elif r.kind == "etcd":
+                row["state"] = "ready" if health.etcd_ready() else "down"
             elif r.kind == "tso":
-                row["state"] = health.tso_role(r) if up else "down"
+                row["state"] = health.tso_role(r)
             elif r.kind in ("pump", "drainer", "capture"):
                 info = health.node(r.kind, r.node_id)
                 role = health.drainer_role(r) if r.kind == "drainer" and _is_ha(r) else ""
                 if role:
                     row["role"] = role
                 if role in ("standby", "waiting"):
-                    row["state"] = role if up else "down"
+                    row["state"] = role
                 elif info is not None:
                     row["state"], row["alive"] = info.state.value, info.alive
                     if r.kind == "drainer":
@@ -560,7 +709,7 @@ def _rows(state: State, health: Health) -> list[dict[str, Any]]:
                 else:
                     row["state"] = "unregistered"
             else:
-                row["state"] = "listening" if up and port_open(r.addr) else "down"
+                row["state"] = "listening" if port_open(r.addr) else "down"
         except Exception as e:  # noqa: BLE001 - status shows what it can
             row["state"] = f"? ({type(e).__name__})"
         rows.append(row)
@@ -592,11 +741,14 @@ def status_rows(layout: Layout) -> list[dict[str, Any]]:
 
 def _print_status(state: State, health: Health, as_json: bool) -> list[dict[str, Any]]:
     rows = _rows(state, health)
+    sup = state.supervisor
+    supervised = supervisor_running(state)
     if as_json:
-        print(json.dumps({"cluster_id": state.cluster_id, "etcd": state.etcd, "processes": rows},
+        print(json.dumps({"cluster_id": state.cluster_id, "etcd": state.etcd, "processes": rows,
+                          "supervisor": {"pid": sup.pid if sup else 0, "running": supervised}},
                          indent=2))
         return rows
-    cols = ("process", "pid", "running", "state", "alive", "address", "lag")
+    cols = ("process", "pid", "running", "state", "alive", "restarts", "exit", "address", "lag")
     shown = [[_cell(f"{row[c]} ({row['role']})" if c == "state" and row.get("role") == "active"
                     else row[c], c) for c in cols] for row in rows]
     widths = [max(len(c), *(len(s[i]) for s in shown)) if shown else len(c)
@@ -604,6 +756,8 @@ def _print_status(state: State, health: Health, as_json: bool) -> list[dict[str,
     print("  ".join(c.upper().ljust(w) for c, w in zip(cols, widths)).rstrip())
     for s in shown:
         print("  ".join(v.ljust(w) for v, w in zip(s, widths)).rstrip())
+    if not supervised:
+        print("supervisor not running: nothing is restarted (`sluice cluster up` starts it)")
     return rows
 
 
@@ -612,6 +766,8 @@ def _cell(v: Any, col: str) -> str:
         return "yes" if v else "no"
     if col == "lag" and v != "":
         return f"{v}s"
+    if col == "restarts" and v == 0:
+        return ""
     return str(v)
 
 
@@ -625,14 +781,17 @@ def cmd_status(args: argparse.Namespace, layout: Layout) -> int:
         rows = _print_status(state, health, args.json)
     finally:
         health.close()
-    return 0 if all(r["running"] for r in rows) else 1
+    # A process stopped on purpose is as it should be; one that should run and does not is not.
+    return 0 if all(r["running"] for r in rows if r["want"] == "run") else 1
 
 
 def cmd_logs(args: argparse.Namespace, layout: Layout) -> int:
     state = read_state(layout)
     if state is None:
         raise ConfigError(f"no cluster in {layout.root}")
-    if args.process:
+    if args.process == "supervisor":
+        targets = [("supervisor", str(layout.log("supervisor")))]
+    elif args.process:
         targets = [(args.process, state.find(args.process).log)]
     else:
         targets = [(r.name, r.log) for r in state.processes]

@@ -138,18 +138,21 @@ def _toml_lines(data: dict[str, Any], prefix: str) -> list[str]:
 class EtcdSpec:
     bin: str = "etcd"                  # etcd binary (Debian: etcd-server)
     port: int = 0                      # client port; 0: a free port chosen at `up`
+    restart: str = ""                  # its restart policy; "": the cluster's `restart`
 
 
 @dataclass(frozen=True)
 class TSOSpec:
     count: int = 2                     # TSO servers (one leader, the rest standbys)
     lease_ttl: int = 3                 # seconds
+    restart: str = ""                  # restart policy of every TSO; "": the cluster's `restart`
     config: dict[str, Any] = field(default_factory=dict)   # extra keys for every tso.toml
 
 
 @dataclass(frozen=True)
 class PumpSpec:
     count: int = 2                     # pumps: pump-1 .. pump-N
+    restart: str = ""                  # restart policy of every pump; "": the cluster's `restart`
     # Extra keys for every pump.toml. A local cluster shares one disk with everything else,
     # so it stops writes at 1 GiB free rather than the production default of 10 GiB.
     config: dict[str, Any] = field(default_factory=lambda: {
@@ -166,22 +169,78 @@ class DrainerSpec:
     # Also run a standby with the same name: both get `ha = true` (drainer HA, DESIGN §6); the
     # standby takes over when the active one stops or dies.
     standby: bool = False
+    restart: str = ""                  # its restart policy; "": the cluster's `restart`
     config: dict[str, Any] = field(default_factory=dict)   # extra keys for this drainer.toml
 
 
 @dataclass(frozen=True)
 class MariaDBSpec:
-    enabled: bool = False              # run a local MariaDB source (needed by capture)
+    # Run a local MariaDB source (a convenience for the demo; `capture.enabled` captures it).
+    # External sources need none of it: see [[sources]].
+    enabled: bool = False
     port: int = 0                      # 0: a free port chosen at `up`
     server_id: int = 1                 # its server id; capture uses this + 10000
     root_password: str = "sluice-root"  # root@127.0.0.1; also what capture logs in with
+    restart: str = ""                  # its restart policy; "": the cluster's `restart`
 
 
 @dataclass(frozen=True)
 class CaptureSpec:
     enabled: bool = False              # run `sluice capture` on the local MariaDB
     producer_id: str = "capture-1"     # the capture's producer id
+    restart: str = ""                  # its restart policy; "": the cluster's `restart`
     config: dict[str, Any] = field(default_factory=dict)   # extra keys for capture.toml
+
+
+@dataclass(frozen=True)
+class SourceFilterSpec:
+    """[[sources]] filter: the capture's own `[filter]` keys (capture.toml)."""
+
+    include_databases: list[str] = field(default_factory=list)   # only these (empty: all)
+    exclude_databases: list[str] = field(default_factory=list)   # never these
+    include_tables: list[str] = field(default_factory=list)      # regex on "db.table"
+    exclude_tables: list[str] = field(default_factory=list)      # regex on "db.table"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One external MariaDB/MySQL source: `sluice cluster up` runs one capture for it,
+    `capture-<name>`, into the cluster's pumps (several sources: the shard-merge case)."""
+
+    name: str                          # names its capture process (capture-<name>)
+    host: str = "127.0.0.1"            # source host
+    port: int = 3306                   # source port
+    user: str = "sluice"               # replication user (REPLICATION SLAVE, REPLICATION CLIENT, SELECT)
+    password: str = ""                 # its password (or env:NAME / file:PATH; see password-file)
+    # A file holding the password (one trailing newline ignored); relative to cluster.toml's
+    # directory. Passed on as `file:PATH`, so the secret is never copied into the cluster dir.
+    password_file: str = ""
+    server_id: int = 0                 # the capture's replica server id; 0: 10000 + its position
+    producer_id: str = ""              # "": capture-<name>
+    snapshot_mode: str = ""            # capture's snapshot-mode; "": the capture's default (no_data)
+    start_position: str = ""           # capture's start-position; "": the capture's default (latest)
+    filter: SourceFilterSpec = field(default_factory=SourceFilterSpec)
+    restart: str = ""                  # its restart policy; "": the cluster's `restart`
+    config: dict[str, Any] = field(default_factory=dict)   # extra keys for its capture.toml
+
+    @property
+    def process_name(self) -> str:
+        return f"capture-{self.name}"
+
+
+@dataclass(frozen=True)
+class RestartPolicySpec:
+    """How the supervisor restarts a process that ends (compose's deploy.restart_policy)."""
+
+    # Failures in a row before giving up (0: never give up); an exit counts as one only when
+    # the process ran less than `window` seconds.
+    max_attempts: int = 5
+    delay: float = 1.0                 # seconds before the first restart; doubled each failure
+    max_delay: float = 30.0            # longest wait between restarts
+    window: float = 30.0               # a run this long resets the failure count
+
+
+RESTART_POLICIES = ("no", "on-failure", "always")
 
 
 @dataclass(frozen=True)
@@ -197,6 +256,11 @@ class ClusterSpec:
     host: str = "127.0.0.1"            # every process listens here
     start_timeout: float = 60.0        # seconds `up` waits for each process to be healthy
     stop_timeout: float = 15.0         # seconds `down` waits after SIGTERM before SIGKILL
+    # What the supervisor does when a process ends: "no" (stays dead), "on-failure" (restart
+    # after a non-zero exit or a signal), "always" (restart after any exit). `stop NAME` and
+    # `down` are never undone. Each group (tso, pump, drainers[], sources[], ...) may override it.
+    restart: str = "on-failure"
+    restart_policy: RestartPolicySpec = field(default_factory=RestartPolicySpec)
     etcd: EtcdSpec = field(default_factory=EtcdSpec)
     tso: TSOSpec = field(default_factory=TSOSpec)
     pump: PumpSpec = field(default_factory=PumpSpec)
@@ -204,6 +268,8 @@ class ClusterSpec:
     drainers: list[DrainerSpec] = field(default_factory=lambda: [DrainerSpec()])
     mariadb: MariaDBSpec = field(default_factory=MariaDBSpec)
     capture: CaptureSpec = field(default_factory=CaptureSpec)
+    # One [[sources]] table per external MariaDB/MySQL source, each captured by its own process.
+    sources: list[SourceSpec] = field(default_factory=list)
     metastore: MetastoreSpec = field(default_factory=MetastoreSpec)
     security: SecurityConfig = field(default_factory=SecurityConfig)  # mutual TLS everywhere
 
@@ -214,13 +280,63 @@ class ClusterSpec:
         if len(set(names)) != len(names):
             raise ConfigError(f"{where}: drainer names must be unique, got {names}")
         if self.capture.enabled and not self.mariadb.enabled:
-            raise ConfigError(f"{where}: capture.enabled needs mariadb.enabled (the local source)")
+            raise ConfigError(f"{where}: capture.enabled needs mariadb.enabled (the local source); "
+                              "to capture your own MariaDB/MySQL, add a [[sources]] table instead")
+        policies = [("restart", self.restart)] + [
+            (f"{group}.restart", getattr(self, group).restart)
+            for group in ("etcd", "tso", "pump", "mariadb", "capture")] + [
+            (f"drainers[{i}].restart", d.restart) for i, d in enumerate(self.drainers)] + [
+            (f"sources[{i}].restart", s.restart) for i, s in enumerate(self.sources)]
+        for key, value in policies:
+            if value not in RESTART_POLICIES and not (value == "" and key != "restart"):
+                raise ConfigError(f"{where}: key '{key}' is {value!r}: want "
+                                  + ", ".join(f'"{p}"' for p in RESTART_POLICIES))
+        rp = self.restart_policy
+        if rp.max_attempts < 0 or rp.delay < 0 or rp.max_delay < rp.delay or rp.window < 0:
+            raise ConfigError(f"{where}: [restart-policy] wants max-attempts >= 0, delay >= 0, "
+                              "max-delay >= delay and window >= 0")
+        seen: set[str] = set()
+        for i, s in enumerate(self.sources):
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", s.name):
+                raise ConfigError(f"{where}: key 'sources[{i}].name' is {s.name!r}: want letters, "
+                                  "digits, '-' or '_' (it names the capture process)")
+            if s.name in seen:
+                raise ConfigError(f"{where}: [[sources]] names must be unique, got {s.name!r} twice")
+            seen.add(s.name)
+            if s.password and s.password_file:
+                raise ConfigError(f"{where}: [[sources]] {s.name!r} sets both 'password' and "
+                                  "'password-file': keep one")
         return self
 
 
 def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> ClusterSpec:
     where = str(path) if path else "<defaults>"
-    return cfgmod.load(ClusterSpec, path, overrides).check(where)
+    spec = cfgmod.load(ClusterSpec, path, overrides).check(where)
+    # A relative password-file is relative to cluster.toml (the processes run elsewhere).
+    base = Path(path).resolve().parent if path else Path.cwd()
+    sources = []
+    for s in spec.sources:
+        if s.password_file:
+            pw = Path(s.password_file)
+            pw = pw if pw.is_absolute() else base / pw
+            if not pw.is_file():
+                raise ConfigError(f"{where}: [[sources]] {s.name!r}: password-file {str(pw)!r} "
+                                  "not found")
+            s = dataclasses.replace(s, password_file=str(pw))
+        sources.append(s)
+    return dataclasses.replace(spec, sources=sources)
+
+
+def restart_policy(spec: ClusterSpec, p: "ProcessPlan") -> str:
+    """The restart policy of one planned process: its group's, else the cluster's."""
+    own = {"etcd": spec.etcd.restart, "tso": spec.tso.restart, "pump": spec.pump.restart,
+           "mariadb": spec.mariadb.restart}.get(p.kind, "")
+    if p.kind == "drainer":
+        own = next((d.restart for d in spec.drainers if d.name == p.node_id), "")
+    elif p.kind == "capture":
+        own = next((s.restart for s in spec.sources if s.process_name == p.name),
+                   spec.capture.restart)
+    return own or spec.restart
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,7 +521,37 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
                        "server-id": spec.mariadb.server_id + 10000},
         }, spec.capture.config)
         out.append(sluice("capture", "capture", conf, addr, metrics, node_id=spec.capture.producer_id))
+
+    for i, s in enumerate(spec.sources, start=1):
+        name = s.process_name
+        addr, metrics = f"{h}:{port(name)}", f"{h}:{port(name + '-metrics')}"
+        producer = s.producer_id or name
+        out.append(sluice("capture", name, capture_config(spec, s, i, {
+            "cluster-id": spec.cluster_id, "producer-id": producer, "etcd": etcd_addr,
+            "tso": tso_addrs, "addr": addr, "metrics-addr": metrics}), addr, metrics,
+            node_id=producer))
     return out
+
+
+def capture_config(spec: ClusterSpec, s: SourceSpec, position: int,
+                   base: dict[str, Any]) -> dict[str, Any]:
+    """capture.toml of one [[sources]] entry: each key mapped to the capture's own key."""
+    source: dict[str, Any] = {"host": s.host, "port": s.port, "user": s.user,
+                              "server-id": s.server_id or 10000 + position}
+    if s.password_file:
+        source["password"] = cfgmod.SECRET_FILE + s.password_file
+    elif s.password:
+        source["password"] = s.password
+    conf: dict[str, Any] = {**base, "source": source}
+    filt = {cfgmod.field_key(f.name): getattr(s.filter, f.name)
+            for f in dataclasses.fields(s.filter) if getattr(s.filter, f.name)}
+    if filt:
+        conf["filter"] = filt
+    if s.snapshot_mode:
+        conf["snapshot-mode"] = s.snapshot_mode
+    if s.start_position:
+        conf["start-position"] = s.start_position
+    return _deep_merge(conf, s.config)
 
 
 def mariadb_plan(spec: ClusterSpec, layout: Layout, port: str) -> ProcessPlan:
@@ -546,7 +692,9 @@ def key_docs(cls: type, prefix: str = "") -> list[KeyDoc]:
         items = typing.get_args(tp) if typing.get_origin(tp) is list else ()
         if items and dataclasses.is_dataclass(items[0]):
             # An array of tables ([[drainers]]): document its item's keys as `drainers[].key`.
-            out.append(KeyDoc(key, f"array of tables [[{key}]]", "one item with the defaults below",
+            some = f.default_factory is not dataclasses.MISSING and f.default_factory()  # type: ignore[misc]
+            out.append(KeyDoc(key, f"array of tables [[{key}]]",
+                              "one item with the defaults below" if some else "none",
                               comments.get(f.name, "")))
             nested.append((key + "[].", items[0]))
             continue

@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drainer": ("sluice.drainer.server", "run a drainer: merge pumps and apply to a sink"),
     "capture": ("sluice.capture.server", "run a MySQL/MariaDB binlog capture"),
     "ctl": ("sluice.ctl.admin", "administer nodes, checkpoints, positions and snapshots"),
-    "cluster": ("sluice.ctl.cluster", "run a local cluster: up | down | status | logs"),
+    "cluster": ("sluice.ctl.cluster", "run a local cluster: up | down | status | logs | stop | start | restart"),
     "demo": ("sluice.ctl.demo", "run the pipeline end to end on a local cluster"),
     "spark-sql": ("sluice.spark_sink.sql", "run Spark SQL against the Sluice tables"),
 }

@@ -40,9 +40,10 @@ config = { alive-ttl = 2, checkpoint-interval = 0.5, status-poll-interval = 0.2 
 """
 
 
-def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, timeout: float = 90,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(sluice_argv("cluster", *args), capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+                          timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture
@@ -52,6 +53,8 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     # Whatever the test did, nothing it started survives it.
     state = read_state(cc.Layout(d))
     if state is not None:
+        if state.supervisor is not None and running(state.supervisor):
+            os.kill(state.supervisor.pid, signal.SIGKILL)     # first: it would restart the rest
         for r in state.processes:
             if running(r):
                 os.kill(r.pid, signal.SIGKILL)
@@ -221,8 +224,10 @@ def test_standby_drainer_runs_as_ha_pair_and_takes_over(cluster_dir: Path, tmp_p
     """`standby = true` runs two HA instances of one drainer: `status` shows the active one and
     the standby, and after kill -9 of the active one the standby becomes active."""
     conf = tmp_path / "cluster.toml"
+    # restart = "no": the story is the standby's takeover, not the supervisor's restart of the
+    # killed instance (which could win the leader key back first).
     conf.write_text(SMALL_CLUSTER.replace("count = 2\nconfig", "count = 1\nconfig")
-                    .replace('sink = "file"\n', 'sink = "file"\nstandby = true\n'))
+                    .replace('sink = "file"\n', 'sink = "file"\nstandby = true\nrestart = "no"\n'))
     up = cli("up", "--dir", str(cluster_dir), "--config", str(conf))
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -250,3 +255,277 @@ def test_standby_drainer_runs_as_ha_pair_and_takes_over(cluster_dir: Path, tmp_p
     finally:
         down = cli("down", "--dir", str(cluster_dir))
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Supervision (issue 21 item 1)
+# ---------------------------------------------------------------------------------------------
+
+def status_json(cluster_dir: Path) -> tuple[int, dict[str, dict]]:
+    st = cli("status", "--dir", str(cluster_dir), "--json")
+    return st.returncode, {r["process"]: r for r in json.loads(st.stdout)["processes"]}
+
+
+def pids(cluster_dir: Path) -> dict[str, int]:
+    state = read_state(cc.Layout(cluster_dir))
+    assert state is not None
+    return {r.name: r.pid for r in state.processes}
+
+
+@pytest.mark.timeout(180)
+def test_stop_start_restart_and_up_on_a_partly_running_cluster(
+        cluster_dir: Path, tmp_path: Path) -> None:
+    """`stop NAME` keeps a process down (status: stopped, with its exit); a process killed under
+    restart = "no" shows as dead with SIGKILL, never the registry's stale `online`; `up` on a
+    partly running cluster (its supervisor killed too) starts a new supervisor and only the
+    missing processes, leaving the running ones alone; `restart NAME` gives it a new pid."""
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(SMALL_CLUSTER.replace("[pump]\ncount = 2\n", '[pump]\ncount = 2\nrestart = "no"\n'))
+    up = cli("up", "--dir", str(cluster_dir), "--config", str(conf))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        before = pids(cluster_dir)
+
+        stop = cli("stop", "--dir", str(cluster_dir), "pump-2")
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        time.sleep(2.5)                     # longer than the first restart delay (1 s)
+        rc, rows = status_json(cluster_dir)
+        assert rows["pump-2"]["running"] is False and rows["pump-2"]["state"] == "stopped"
+        assert rows["pump-2"]["exit"] in ("0", "SIGTERM"), rows["pump-2"]
+        assert rc == 0, "a process stopped on purpose is not a failure"
+
+        start = cli("start", "--dir", str(cluster_dir), "pump-2")
+        assert start.returncode == 0, start.stdout + start.stderr
+        rc, rows = status_json(cluster_dir)
+        assert rows["pump-2"]["running"] and rows["pump-2"]["state"] == "online", rows["pump-2"]
+        assert rows["pump-2"]["pid"] != before["pump-2"]
+        assert cli("stop", "--dir", str(cluster_dir), "pump-2").returncode == 0
+
+        os.kill(before["pump-1"], signal.SIGKILL)
+
+        def pump1_dead() -> bool:
+            return status_json(cluster_dir)[1]["pump-1"]["state"] == "dead"
+        wait_until(pump1_dead, 10, 0.3, what="pump-1 shown dead")
+        table = cli("status", "--dir", str(cluster_dir))
+        assert table.returncode == 1, "a process that should run and does not fails status"
+        assert re.search(r"^pump-1\s+\d+\s+no\s+dead\s+SIGKILL", table.stdout, re.M), table.stdout
+        assert re.search(r"^pump-2\s+\d+\s+no\s+stopped", table.stdout, re.M), table.stdout
+
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None and state.supervisor is not None
+        old_supervisor = state.supervisor.pid
+        os.kill(old_supervisor, signal.SIGKILL)
+
+        again = cli("up", "--dir", str(cluster_dir), "--config", str(conf))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "partly running; starting pump-1, pump-2" in again.stdout, again.stdout
+        after = pids(cluster_dir)
+        for name in ("etcd", "tso-1", "tso-2", "drainer-file"):
+            assert after[name] == before[name], f"{name} was restarted by `up`"
+        assert after["pump-1"] != before["pump-1"]
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None and state.supervisor is not None
+        assert state.supervisor.pid != old_supervisor and running(state.supervisor)
+        rc, rows = status_json(cluster_dir)
+        assert rc == 0 and all(r["running"] for r in rows.values()), rows
+        assert {rows[n]["state"] for n in ("pump-1", "pump-2")} == {"online"}
+
+        rs = cli("restart", "--dir", str(cluster_dir), "tso-2")
+        assert rs.returncode == 0, rs.stdout + rs.stderr
+        assert pids(cluster_dir)["tso-2"] != before["tso-2"]
+        assert status_json(cluster_dir)[1]["tso-2"]["state"] in ("leader", "standby")
+    finally:
+        down = cli("down", "--dir", str(cluster_dir))
+        assert down.returncode == 0, down.stdout + down.stderr
+    state = read_state(cc.Layout(cluster_dir))
+    assert state is not None and state.supervisor is None and state.processes == []
+
+
+def inserted_ids(out: Path, table: str) -> list[int]:
+    """Ids of the insert row events of `table` in a file sink's output, in file order."""
+    ids = []
+    for path in sorted(out.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            ev = json.loads(line)
+            if ev.get("op") == "c" and ev["source"]["table"] == table:
+                ids.append(ev["after"]["id"])
+    return ids
+
+
+@pytest.mark.mariadb
+@pytest.mark.timeout(150)
+def test_kill_9_of_the_pump_under_on_failure_restarts_it_and_rows_still_flow(
+        cluster_dir: Path, tmp_path: Path) -> None:
+    """Under the default restart policy (on-failure) a pump killed by kill -9 is started again by
+    the supervisor on its own, status counts the restart and shows SIGKILL as its last exit, and
+    rows written before and after the kill reach the file sink exactly once each."""
+    import pymysql
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(SMALL_CLUSTER.replace("count = 2\nconfig", "count = 1\nconfig")
+                    + "\n[mariadb]\nenabled = true\n\n[capture]\nenabled = true\n")
+    up = cli("up", "--dir", str(cluster_dir), "--config", str(conf), timeout=110)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None
+        host, _, port = state.find("mariadb").addr.rpartition(":")
+        conn = pymysql.connect(host=host, port=int(port), user="root", password="sluice-root",
+                               autocommit=True)
+        out = Path(state.find("drainer-file").data_dir) / "out"
+
+        def insert(ids: range) -> None:
+            with conn.cursor() as cur:
+                for i in ids:
+                    cur.execute("INSERT INTO shop.t VALUES (%s, %s)", (i, f"v{i}"))
+
+        with conn.cursor() as cur:
+            cur.execute("CREATE DATABASE shop")
+            cur.execute("CREATE TABLE shop.t (id INT PRIMARY KEY, v VARCHAR(10))")
+        insert(range(1, 11))
+        wait_until(lambda: len(inserted_ids(out, "t")) >= 10, 40, 0.3, what="rows 1-10 delivered")
+
+        pump = state.find("pump-1")
+        os.kill(pump.pid, signal.SIGKILL)
+
+        def back() -> dict:
+            rc, rows = status_json(cluster_dir)
+            row = rows["pump-1"]
+            return row if row["running"] and row["state"] == "online" and row["pid"] != pump.pid \
+                else {}
+        row = wait_until(back, 40, 0.5, what="pump-1 restarted and online")
+        assert row["restarts"] == 1 and row["exit"] == "SIGKILL", row   # type: ignore[index]
+
+        insert(range(11, 21))
+        wait_until(lambda: len(inserted_ids(out, "t")) >= 20, 40, 0.3,
+                   what="rows 11-20 delivered after the restart")
+        time.sleep(1)                       # anything doubled would show up by now
+        assert sorted(inserted_ids(out, "t")) == list(range(1, 21))
+        conn.close()
+    finally:
+        down = cli("down", "--dir", str(cluster_dir))
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources as config (issue 21 item 2) and the quick start of docs/cluster.md
+# ---------------------------------------------------------------------------------------------
+
+QUICK_START = "## Quick start: my own MariaDB -> my own MariaDB (+ Spark)"
+
+
+def doc_toml_blocks(section: str | None = None) -> list[str]:
+    """The ```toml blocks of docs/cluster.md (of one `## ` section when given)."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    if section is not None:
+        assert section in text, f"docs/cluster.md lost its section {section!r}"
+        text = text.split(section, 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```toml\n(.*?)^```", text, re.M | re.S)
+
+
+def test_every_cluster_toml_in_docs_cluster_md_loads_through_the_config_classes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each TOML example of docs/cluster.md is a cluster.toml `up` accepts: it loads through
+    ClusterSpec and every process config it plans loads through its process's config class."""
+    blocks = doc_toml_blocks()
+    assert len(blocks) >= 4
+    monkeypatch.setenv("DOWNSTREAM_PASSWORD", "pw")     # the quick start's env:NAME secret
+    (tmp_path / "source.pw").write_text("secret\n")
+    for i, block in enumerate(blocks):
+        conf = tmp_path / f"example-{i}.toml"
+        conf.write_text(block)
+        spec = cc.load_spec(conf)
+        ports = iter(range(30000, 31000))
+        cc.plan(spec, cc.Layout(tmp_path / f"c{i}"), lambda _key: next(ports))
+
+
+def test_quick_start_with_spark_plans_captures_of_the_sources_without_a_local_mariadb(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quick start's TOML (with its Spark addition) plans one capture per [[sources]]
+    entry, mapped onto the capture's own keys, and no local MariaDB; two sources (the
+    shard-merge case) give two captures with their own producer and server ids."""
+    main, spark = doc_toml_blocks(QUICK_START)
+    monkeypatch.setenv("DOWNSTREAM_PASSWORD", "pw")
+    (tmp_path / "source.pw").write_text("s3cret\n")
+    conf = tmp_path / "cluster.toml"
+    conf.write_text(main + "\n" + spark)
+    spec = cc.load_spec(conf)
+    ports = iter(range(30000, 31000))
+    plans = {p.name: p for p in cc.plan(spec, cc.Layout(tmp_path / "c"), lambda _k: next(ports))}
+    assert "mariadb" not in plans and "capture" not in plans
+    assert {"drainer-mysql", "drainer-spark", "capture-shop"} <= set(plans)
+    cap = plans["capture-shop"].config
+    assert cap["source"] == {"host": "127.0.0.1", "port": 3306, "user": "sluice",
+                             "server-id": 10001, "password": f"file:{tmp_path / 'source.pw'}"}
+    assert cap["filter"] == {"include-databases": ["shop"]}
+    assert (cap["snapshot-mode"], cap["snapshot-read-only"]) == ("initial", True)
+    assert cap["producer-id"] == "capture-shop"
+    assert "s3cret" not in cc.to_toml(cap), "the secret is referenced, never copied"
+
+    shards = tmp_path / "shards.toml"
+    shards.write_text('[[sources]]\nname = "eu"\nport = 3306\n\n'
+                      '[[sources]]\nname = "us"\nport = 3307\nrestart = "always"\n')
+    spec = cc.load_spec(shards)
+    plans = {p.name: p for p in cc.plan(spec, cc.Layout(tmp_path / "s"), lambda _k: next(ports))}
+    eu, us = plans["capture-eu"], plans["capture-us"]
+    assert (eu.node_id, us.node_id) == ("capture-eu", "capture-us")
+    assert (eu.config["source"]["server-id"], us.config["source"]["server-id"]) == (10001, 10002)
+    assert (cc.restart_policy(spec, eu), cc.restart_policy(spec, us)) == ("on-failure", "always")
+
+    with pytest.raises(cc.ConfigError, match="password-file"):
+        shards.write_text('[[sources]]\nname = "eu"\npassword-file = "missing.pw"\n')
+        cc.load_spec(shards)
+    with pytest.raises(cc.ConfigError, match="'restart' is 'sometimes'"):
+        cc.load_spec(None, ["restart=sometimes"])
+
+
+@pytest.mark.mariadb
+@pytest.mark.timeout(180)
+def test_quick_start_runs_as_written_from_an_external_mariadb_to_another(
+        cluster_dir: Path, tmp_path: Path) -> None:
+    """docs/cluster.md's quick start, run as written (ports replaced by the test servers'):
+    a source MariaDB the test runs (no `mariadb.enabled`), captured by its [[sources]] entry
+    with a password file and a least-privilege user, an initial snapshot and the stream after
+    it applied by a MySQL drainer; the downstream ends equal to the source."""
+    from tests.support.mariadb import ROOT_PASSWORD, MariaDBServer
+    main, _spark = doc_toml_blocks(QUICK_START)
+    source = MariaDBServer(tmp_path / "source", server_id=1).start()
+    downstream = MariaDBServer(tmp_path / "downstream", server_id=2).start()
+    try:
+        table = "CREATE TABLE shop.items (id INT PRIMARY KEY, name VARCHAR(20), qty INT)"
+        source.execute("CREATE USER 'sluice'@'127.0.0.1' IDENTIFIED BY 'capture-pw'")
+        source.execute("GRANT SELECT, REPLICATION SLAVE, BINLOG MONITOR ON *.* "
+                       "TO 'sluice'@'127.0.0.1'")
+        for server in (source, downstream):
+            server.execute("CREATE DATABASE shop")
+            server.execute(table)
+        for i in range(1, 6):                   # rows already there: the initial snapshot's
+            source.execute("INSERT INTO shop.items VALUES (%s, %s, %s)", (i, f"item{i}", i))
+
+        for doc_port, port in (("3306", source.port), ("3307", downstream.port)):
+            assert main.count(f"port = {doc_port}") == 1, main
+            main = main.replace(f"port = {doc_port}", f"port = {port}")
+        conf = tmp_path / "cluster.toml"
+        conf.write_text(main)
+        (tmp_path / "source.pw").write_text("capture-pw\n")
+        up = cli("up", "--dir", str(cluster_dir), "--config", str(conf), timeout=150,
+                 env={"DOWNSTREAM_PASSWORD": ROOT_PASSWORD})
+        assert up.returncode == 0, up.stdout + up.stderr
+        state = read_state(cc.Layout(cluster_dir))
+        assert state is not None
+        assert "capture-shop" in [r.name for r in state.processes]
+        assert not any(r.kind == "mariadb" for r in state.processes)
+
+        for i in range(6, 11):                  # and the stream after it
+            source.execute("INSERT INTO shop.items VALUES (%s, %s, %s)", (i, f"item{i}", i))
+        source.execute("UPDATE shop.items SET qty = qty + 100 WHERE id IN (1, 7)")
+        source.execute("DELETE FROM shop.items WHERE id = 2")
+        want = source.execute("SELECT * FROM shop.items ORDER BY id")
+
+        def equal() -> bool:
+            return downstream.execute("SELECT * FROM shop.items ORDER BY id") == want
+        wait_until(equal, 60, 0.5, what="the downstream equal to the source")
+    finally:
+        down = cli("down", "--dir", str(cluster_dir))
+        source.stop()
+        downstream.stop()
+    assert down.returncode == 0, down.stdout + down.stderr
