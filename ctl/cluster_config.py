@@ -29,7 +29,6 @@ from typing import Any
 from sluice.core import config as cfgmod
 from sluice.core.errors import ConfigError
 from sluice.core.tls import SecurityConfig
-from sluice.spark_sink.metastore import server_argv
 
 # process kind -> "module:ConfigClass". A module that is not in this build yet is skipped by
 # the docs and refused by the cluster with a clear message.
@@ -389,14 +388,13 @@ def derby_classpath(spec: MetastoreSpec) -> str:
 
 
 def metastore_argv(spec: MetastoreSpec, home: Path, host: str, port: int) -> tuple[str, ...]:
-    """The Derby network server as spark_sink.metastore.DerbyServer starts it (docs/spark.md)."""
-    return tuple(server_argv(spec.java, home, derby_classpath(spec), host, port))
+    raise ConfigError("the Derby metastore is gone (Spark tables are Iceberg): temporary stub")
 
 
 # `[to]` of a drainer whose spec gives none: everything under the drainer's data dir.
 DEFAULT_SINK_OPTIONS: dict[str, dict[str, Any]] = {
     "file": {"dir": "{data}/out"},
-    "spark": {"root": "{data}/spark", "warehouse": "{data}/warehouse", "metastore": "{metastore}"},
+    "spark": {"warehouse": "{data}/spark"},
 }
 
 
