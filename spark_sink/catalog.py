@@ -26,11 +26,6 @@ log = logging.getLogger(__name__)
 
 TABLE_PROPERTIES = {
     "format-version": "2",
-    # Copy-on-write: readers (any engine, pyiceberg included) read plain data files; the sink's
-    # batches rewrite only the files holding changed keys (docs/spark.md measures both modes).
-    "write.merge.mode": "copy-on-write",
-    "write.update.mode": "copy-on-write",
-    "write.delete.mode": "copy-on-write",
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "50",
 }
@@ -151,6 +146,9 @@ class Catalog:
         self.sql(f"ALTER TABLE {self.ident(db, table)} SET TBLPROPERTIES ({tp})")
 
     # -- schema operations ---------------------------------------------------------------------
+
+    def set_write_mode(self, db: str, table: str, mode: str) -> None:
+        self.set_properties(db, table, {f"write.{op}.mode": mode for op in ("merge", "update", "delete")})
 
     def create_for(self, st: TableState, which: str, props: dict[str, str]) -> None:
         if which == "changelog":

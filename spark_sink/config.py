@@ -93,6 +93,10 @@ class SparkSinkConfig(SessionConfig):
     # Iceberg maintenance (rewrite data files, expire snapshots, remove orphan files) after this
     # many committed batches (0: off); snapshots younger than snapshot-retention seconds, and
     # the last retain-snapshots of each table, are kept for time travel and running readers.
+    # How the current tables take a MERGE: merge-on-read writes the changed rows and position
+    # deletes (cost follows the batch); copy-on-write rewrites every data file a changed key is
+    # in (cost follows the table). docs/spark.md has the measurement behind the default.
+    write_mode: str = "merge-on-read"
     maintenance_every: int = 100
     snapshot_retention: float = 86_400.0
     retain_snapshots: int = 100
@@ -109,6 +113,9 @@ class SparkSinkConfig(SessionConfig):
         if "{schema}" not in self.database:
             raise ConfigError(f"[to] spark sink: database {self.database!r} must contain "
                               "'{schema}' (one catalog namespace per source schema)")
+        if self.write_mode not in ("merge-on-read", "copy-on-write"):
+            raise ConfigError(f"[to] spark sink: write-mode must be merge-on-read or "
+                              f"copy-on-write, got {self.write_mode!r}")
         if self.maintenance_every < 0 or self.snapshot_retention < 0 or self.retain_snapshots < 1:
             raise ConfigError("[to] spark sink: maintenance-every and snapshot-retention must be "
                               ">= 0, retain-snapshots >= 1")

@@ -175,6 +175,8 @@ class SparkSink(Sink):
             pub.open_table(st.db, st.changelog)
             if not st.dropped and not st.skipped and cat.exists(st.db, st.name):
                 pub.open_table(st.db, st.name)
+                if cat.properties(st.db, st.name).get("write.merge.mode") != self.cfg.write_mode:
+                    cat.set_write_mode(st.db, st.name, self.cfg.write_mode)
         log.info("spark sink open", extra={"fields": {
             "epoch": self._epoch, "batch": self._last.batch if self._last else 0,
             "commit_ts": self.committed_ts, "tables": len(self._states)}})
@@ -410,7 +412,8 @@ class SparkSink(Sink):
                                          "Spark tables cannot follow\"") from None
             self._skip_table(old, info, str(e))
             return
-        props = {"sluice.owner": self._owner, "sluice.table-id": str(info.table_id)}
+        props = {"sluice.owner": self._owner, "sluice.table-id": str(info.table_id),
+                 **{f"write.{op}.mode": self.cfg.write_mode for op in ("merge", "update", "delete")}}
         if old is not None and (old.db, old.name) != (st.db, st.name):
             # The same table id under other names (its rename reached the sink as a new shape):
             # the tables follow the names.
