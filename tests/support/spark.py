@@ -45,9 +45,10 @@ class SparkEnv:
         kw.setdefault("batch_rows", 100_000)
         kw.setdefault("batch_interval", 3600.0)
         kw.setdefault("maintenance_every", 0)
-        return SparkSinkConfig(
-            master=self.session_cfg.master, warehouse=self.session_cfg.warehouse,
-            shuffle_partitions=2, meta_database=f"m_{name}", database=f"{name}_{{schema}}", **kw)
+        kw.setdefault("meta_database", f"m_{name}")
+        kw.setdefault("database", f"{name}_{{schema}}")
+        return SparkSinkConfig(master=self.session_cfg.master, warehouse=self.session_cfg.warehouse,
+                               shuffle_partitions=2, **kw)
 
     def rows(self, sql: str) -> list[Any]:
         return self.spark.sql(sql).collect()
