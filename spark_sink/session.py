@@ -39,6 +39,9 @@ QUIET_LOGGERS = ("org.apache.hadoop.util.NativeCodeLoader", "org.apache.spark.ut
                  "org.apache.spark.sql.internal.SharedState")
 
 
+LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+
+
 def jars_dir() -> Path:
     env = os.environ.get("SLUICE_SPARK_JARS")
     return Path(env) if env else Path(__file__).resolve().parent.parent / "jars"
@@ -89,7 +92,7 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.driver.extraJavaOptions": f"-Duser.timezone=UTC -Dlog4j2.configurationFile={LOG4J2}",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
     conf.update(catalog_conf(cfg))
