@@ -49,9 +49,11 @@ config = {{ alive-ttl = 2, checkpoint-interval = 0.5 }}
 """
 
 
-def run(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def run(*args: str, timeout: float = 90, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SLUICE_ETCD", "SLUICE_CLUSTER_ID", "SLUICE_CLUSTER_DIR")}
     return subprocess.run(sluice_argv(*args), capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO)
+                          cwd=cwd, env=env)
 
 
 def kill_cluster(d: Path) -> None:
@@ -159,6 +161,15 @@ def test_ctl_with_cluster_dir_finds_the_client_certificate(secure: Up) -> None:
     assert '"pump-1"' in out.stdout
     out = run("ctl", "--cluster-dir", str(secure.dir), "tso")
     assert out.returncode == 0, out.stderr
+
+
+def test_ctl_with_no_settings_uses_the_default_cluster_dir_here(secure: Up, tmp_path: Path) -> None:
+    """With nothing saying where the cluster is, ctl reads ./.sluice-cluster/ctl.toml (the
+    default dir of `sluice cluster up`) instead of dialling 127.0.0.1:2379 in plaintext."""
+    (tmp_path / ".sluice-cluster").symlink_to(secure.dir)
+    out = run("ctl", "pumps", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert '"pump-1"' in out.stdout
 
 
 def test_ctl_without_certificates_is_refused_with_a_tls_hint(secure: Up) -> None:
