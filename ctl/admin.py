@@ -71,12 +71,12 @@ def _add_common(p: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 # Destinations of the options _add_common adds: usage lines show them as one "[options]".
-COMMON_DESTS = frozenset({"etcd", "cluster_id", "config", "cluster_dir", "timeout", "ssl_ca", "ssl_cert",
-                          "ssl_key", "json", "log_level", "log_file"})
+COMMON_DESTS = frozenset({"etcd", "cluster_id", "config", "cluster_dir", "timeout", "ssl_ca",
+                          "ssl_cert", "ssl_key", "json", "log_level", "log_file"})
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Usage lines without the ten common options (`--help` still lists them): a usage error
+    """Usage lines without the common options (`--help` still lists them): a usage error
     shows what the command itself takes, not eight lines of cluster and output options."""
 
     def add_usage(self, usage, actions, groups, prefix=None):  # type: ignore[no-untyped-def]
