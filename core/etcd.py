@@ -67,6 +67,7 @@ class Etcd:
                for host, port in parse_endpoints(endpoints)]
         if not eps:
             raise EtcdUnavailable("no etcd endpoints configured")
+        self.tls = creds is not None
         self.timeout = timeout
         self.client = pyetcd.MultiEndpointEtcd3Client(endpoints=eps, timeout=timeout, failover=True)
         self.tx = self.client.transactions
@@ -81,12 +82,23 @@ class Etcd:
                 etcd_exc.NoServerAvailableError, etcd_exc.InternalServerError,
                 etcd_exc.WatchTimedOut) as e:
             raise EtcdUnavailable(f"etcd at {self.endpoints_text} unavailable during {what}: "
-                                  f"{type(e).__name__}") from None
+                                  f"{type(e).__name__}{self._tls_hint()}") from None
         except grpc.RpcError as e:
             raise EtcdUnavailable(f"etcd at {self.endpoints_text} failed during {what}: "
                                   f"{e.code().name} {e.details()}") from None
         except ValueError as e:  # pyetcd: "Trying to use a failed node"
-            raise EtcdUnavailable(f"etcd at {self.endpoints_text} unavailable during {what}: {e}") from None
+            raise EtcdUnavailable(f"etcd at {self.endpoints_text} unavailable during {what}: "
+                                  f"{e}{self._tls_hint()}") from None
+
+    def _tls_hint(self) -> str:
+        """A refused TLS handshake looks like a dead etcd to the client: say what to check."""
+        if self.tls:
+            return (" (over mutual TLS: if etcd runs, check that ssl-ca is the CA that signed "
+                    "etcd's certificate and signed this client's ssl-cert, and that etcd's "
+                    "certificate names this host)")
+        return (" (plaintext: if etcd runs with TLS, as `sluice cluster up` runs it unless "
+                "`insecure = true`, give the cluster's certificates: `sluice ctl --cluster-dir "
+                "DIR`, --ssl-ca/--ssl-cert/--ssl-key, or a [security] table)")
 
     # -- key/value -------------------------------------------------------------------------
     def get(self, key: str) -> tuple[bytes | None, Any]:

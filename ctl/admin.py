@@ -1,6 +1,6 @@
 """`sluice ctl`: administer a Sluice cluster (TiDB-Binlog's binlogctl, for Sluice).
 
-    sluice ctl [--etcd HOST:PORT,...] [--cluster-id N] [--json] COMMAND ...
+    sluice ctl [--cluster-dir DIR | --etcd HOST:PORT,... --cluster-id N] [--json] COMMAND ...
 
     pumps | drainers | producers            list nodes (state, alive, ts, score, epoch, updated)
     pause-pump | offline-pump ID [--wait]   ask a pump to become paused / offline
@@ -16,6 +16,7 @@
     generate-meta [--data-dir DIR]          initial commit ts for a drainer after a full dump
     snapshot execute|stop|pause|resume|status --producer ID [--tables RE,...] [--condition SQL]
     verify --source DSN --target DSN|--spark-config TOML   chunked source vs sink comparison
+    certs [--certs-dir DIR] [--host H ...] [--renew]       make the CA and node/client certificates
 
 Invariant: every expected failure ends in one line on stderr and exit code 1 (runtime: etcd, a
 pump, the TSO or a producer unreachable) or 2 (bad usage or input, or a refusal the command can
@@ -32,8 +33,8 @@ from collections.abc import Callable
 from sluice.core import errors
 from sluice.core import log as logsetup
 
-from . import checkpoints, meta, nodes, positions, snapshots, txns, verify
-from .context import ENV_CLUSTER_ID, ENV_ETCD, Ctx, exit_code, load_config
+from . import certs, checkpoints, meta, nodes, positions, snapshots, txns, verify
+from .context import CLUSTER_CTL_CONFIG, ENV_CLUSTER_ID, ENV_ETCD, Ctx, exit_code, load_config
 
 Handler = Callable[[Ctx, argparse.Namespace], int]
 
@@ -51,6 +52,9 @@ def _add_common(p: argparse.ArgumentParser, suppress: bool) -> None:
     g.add_argument("--config", "-c", default=d(None), metavar="TOML",
                    help="read etcd, cluster-id, timeout and [security] from this TOML (ctl's "
                         "own or any process's config file)")
+    g.add_argument("--cluster-dir", default=d(None), metavar="DIR",
+                   help=f"a `sluice cluster up` directory: read its {CLUSTER_CTL_CONFIG} (etcd, "
+                        "cluster-id and the client certificate); env SLUICE_CLUSTER_DIR")
     g.add_argument("--timeout", type=float, default=d(None), metavar="SECONDS",
                    help="per call to etcd, a pump, the TSO or a producer (default 5)")
     g.add_argument("--ssl-ca", default=d(None), help="CA for mutual TLS (etcd and gRPC)")
@@ -67,12 +71,12 @@ def _add_common(p: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 # Destinations of the options _add_common adds: usage lines show them as one "[options]".
-COMMON_DESTS = frozenset({"etcd", "cluster_id", "config", "timeout", "ssl_ca", "ssl_cert",
-                          "ssl_key", "json", "log_level", "log_file"})
+COMMON_DESTS = frozenset({"etcd", "cluster_id", "config", "cluster_dir", "timeout", "ssl_ca",
+                          "ssl_cert", "ssl_key", "json", "log_level", "log_file"})
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Usage lines without the ten common options (`--help` still lists them): a usage error
+    """Usage lines without the common options (`--help` still lists them): a usage error
     shows what the command itself takes, not eight lines of cluster and output options."""
 
     def add_usage(self, usage, actions, groups, prefix=None):  # type: ignore[no-untyped-def]
@@ -118,6 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     txns.add_commands(sub, common)
     snapshots.add_commands(sub, common)
     verify.add_commands(sub, common)
+    certs.add_commands(sub, common)
     _use_formatter(parser)
 
 

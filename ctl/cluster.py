@@ -36,10 +36,12 @@ from typing import Any
 
 import psutil
 
+from sluice.core import pki
 from sluice.core import ts as tsmod
 from sluice.core.errors import ConfigError, SluiceError, Unavailable
 
-from .cluster_config import ClusterSpec, Layout, ProcessPlan, load_spec, plan, restart_policy, to_toml
+from .cluster_config import (ClusterSpec, Layout, ProcessPlan, client_security, cluster_security,
+                             generated_certs, load_spec, plan, restart_policy, to_toml)
 from .cluster_state import (BACKOFF, EXITED, FAILED, PENDING, RUNNING, STOPPED, STOPPING, Recorded,
                             State, locked, read_state, running, write_state)
 
@@ -432,6 +434,12 @@ def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
     spec = load_spec(config, overrides)
     for d in ("conf", "data", "logs", "run"):
         (layout.root / d).mkdir(parents=True, exist_ok=True)
+    if generated_certs(spec):
+        # Secure by default: the cluster's own CA, node and client certificates (kept across
+        # `up`s: a running process must keep trusting the same CA).
+        made = pki.ensure(layout.certs, (spec.host,))
+        if made:
+            print(f"made certificates in {layout.certs}: {', '.join(made)}")
     old = read_state(layout)
     partly = old is not None and any(running(r) for r in old.processes)
 
@@ -456,7 +464,8 @@ def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
             path.write_text(to_toml(p.config))
             path.chmod(0o600)                # it may hold a password
     etcd_addr = next(p.addr for p in plans if p.kind == "etcd")
-    sec = spec.security
+    sec = cluster_security(spec, layout)
+    write_ctl_config(layout, spec, etcd_addr)
     with locked(layout):
         old = read_state(layout)
         kept = {r.name: r for r in (old.processes if old is not None else [])}
@@ -503,10 +512,23 @@ def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
         health.close()
         _down(layout, spec.stop_timeout, quiet=True)
         return 1
-    print(f"cluster up in {time.monotonic() - started:.1f}s")
+    print(f"cluster up in {time.monotonic() - started:.1f}s "
+          f"({'mutual TLS' if sec.enabled else 'INSECURE: plaintext, no certificates'})")
     _print_status(_existing(layout), health, as_json=False)
     health.close()
+    print(f"administer it: sluice ctl --cluster-dir {layout.root} pumps")
     return 0
+
+
+def write_ctl_config(layout: Layout, spec: ClusterSpec, etcd_addr: str) -> None:
+    """<dir>/ctl.toml: what `sluice ctl --cluster-dir DIR` (and the demo's hints) connect with."""
+    client = client_security(spec, layout)
+    conf: dict[str, Any] = {"etcd": etcd_addr, "cluster-id": spec.cluster_id}
+    if client.enabled:
+        conf["security"] = {"ssl-ca": client.ssl_ca, "ssl-cert": client.ssl_cert,
+                            "ssl-key": client.ssl_key}
+    layout.ctl_config.write_text(to_toml(conf))
+    layout.ctl_config.chmod(0o600)
 
 
 def _record(p: ProcessPlan, prev: Recorded | None, restart: str) -> Recorded:

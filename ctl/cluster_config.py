@@ -270,9 +270,17 @@ class ClusterSpec:
     # One [[sources]] table per external MariaDB/MySQL source, each captured by its own process.
     sources: list[SourceSpec] = field(default_factory=list)
     metastore: MetastoreSpec = field(default_factory=MetastoreSpec)
-    security: SecurityConfig = field(default_factory=SecurityConfig)  # mutual TLS everywhere
+    # Mutual TLS for every process and etcd with your own certificates. Empty (the default):
+    # `up` makes a CA and certificates in <cluster dir>/certs (`sluice ctl certs`) and uses those.
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    # Plaintext gRPC and etcd, no certificates: anyone who reaches a port can write binlogs and
+    # change the registry. Only on purpose (a throwaway local try-out); excludes [security].
+    insecure: bool = False
 
     def check(self, where: str) -> "ClusterSpec":
+        if self.insecure and self.security.enabled:
+            raise ConfigError(f"{where}: `insecure = true` and a [security] table are both set: "
+                              "keep one (insecure runs plaintext, [security] runs mutual TLS)")
         if self.tso.count < 1 or self.pump.count < 1:
             raise ConfigError(f"{where}: tso.count and pump.count must be >= 1")
         names = [d.name for d in self.drainers]
@@ -326,6 +334,31 @@ def load_spec(path: str | Path | None, overrides: list[str] | None = None) -> Cl
     return dataclasses.replace(spec, sources=sources)
 
 
+def cluster_security(spec: ClusterSpec, layout: "Layout") -> SecurityConfig:
+    """What every process of the cluster (and etcd) runs with: nothing when `insecure = true`,
+    the spec's [security] when given, else the certificates `up` makes in layout.certs."""
+    if spec.insecure:
+        return SecurityConfig()
+    if spec.security.enabled:
+        return spec.security
+    from sluice.core.pki import CertsDir
+    return CertsDir(layout.certs).node_security()
+
+
+def client_security(spec: ClusterSpec, layout: "Layout") -> SecurityConfig:
+    """What clients of the cluster (`sluice ctl --cluster-dir`, the demo) present: the generated
+    client certificate, or the spec's own [security] (its certificate must allow clientAuth)."""
+    if spec.insecure or spec.security.enabled:
+        return cluster_security(spec, layout)
+    from sluice.core.pki import CertsDir
+    return CertsDir(layout.certs).client_security()
+
+
+def generated_certs(spec: ClusterSpec) -> bool:
+    """True when `up` makes (and owns) the cluster's certificates."""
+    return not spec.insecure and not spec.security.enabled
+
+
 def restart_policy(spec: ClusterSpec, p: "ProcessPlan") -> str:
     """The restart policy of one planned process: its group's, else the cluster's."""
     own = {"etcd": spec.etcd.restart, "tso": spec.tso.restart, "pump": spec.pump.restart,
@@ -368,6 +401,14 @@ class Layout:
     @property
     def state_file(self) -> Path:
         return self.root / "cluster.json"
+
+    @property
+    def certs(self) -> Path:
+        return self.root / "certs"
+
+    @property
+    def ctl_config(self) -> Path:
+        return self.root / "ctl.toml"
 
     def conf(self, name: str) -> Path:
         return self.root / "conf" / f"{name}.toml"
@@ -425,10 +466,11 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
     """Every process of the cluster in start order; `port(key)` gives the port for a key
     (the caller picks free ports, or reuses the ones a previous `up` recorded)."""
     h = spec.host
-    tls = spec.security.enabled
+    sec = cluster_security(spec, layout)
+    tls = sec.enabled
     scheme = "https" if tls else "http"
-    security = ({"ssl-ca": spec.security.ssl_ca, "ssl-cert": spec.security.ssl_cert,
-                 "ssl-key": spec.security.ssl_key} if tls else {})
+    security = ({"ssl-ca": sec.ssl_ca, "ssl-cert": sec.ssl_cert, "ssl-key": sec.ssl_key}
+                if tls else {})
     out: list[ProcessPlan] = []
 
     etcd_addr = f"{h}:{spec.etcd.port or port('etcd')}"
@@ -442,8 +484,8 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
                  # two deprecation warnings at every start).
                  "--logger", "zap"]
     if tls:
-        etcd_argv += ["--cert-file", spec.security.ssl_cert, "--key-file", spec.security.ssl_key,
-                      "--trusted-ca-file", spec.security.ssl_ca, "--client-cert-auth"]
+        etcd_argv += ["--cert-file", sec.ssl_cert, "--key-file", sec.ssl_key,
+                      "--trusted-ca-file", sec.ssl_ca, "--client-cert-auth"]
     out.append(ProcessPlan("etcd", "etcd", tuple(etcd_argv), etcd_addr,
                            str(layout.data("etcd")), str(layout.log("etcd"))))
 

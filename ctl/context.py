@@ -1,8 +1,11 @@
 """What every `sluice ctl` command runs with: where the cluster is, and how failures exit.
 
 Settings come from, lowest to highest precedence: defaults, a `--config` TOML (ctl's own, or any
-process's file — only `etcd`, `cluster-id`, `timeout` and `[security]` are read from it), the
-environment (SLUICE_ETCD, SLUICE_CLUSTER_ID), then flags.
+process's file — only `etcd`, `cluster-id`, `timeout` and `[security]` are read from it; or
+`--cluster-dir DIR` / SLUICE_CLUSTER_DIR, which reads the `ctl.toml` that `sluice cluster up`
+writes there, client certificate included; with none of these nor an etcd address given,
+./.sluice-cluster/ctl.toml when it exists), the environment (SLUICE_ETCD, SLUICE_CLUSTER_ID),
+then flags.
 
 Exit codes (kept here, in one place): 0 ok; 1 a runtime failure (etcd, a pump, the TSO or a
 producer unreachable or failing); 2 bad usage or input, or a refusal the user resolves by changing
@@ -28,6 +31,9 @@ from sluice.core.tls import SecurityConfig
 
 ENV_ETCD = "SLUICE_ETCD"
 ENV_CLUSTER_ID = "SLUICE_CLUSTER_ID"
+ENV_CLUSTER_DIR = "SLUICE_CLUSTER_DIR"
+CLUSTER_CTL_CONFIG = "ctl.toml"          # written into its directory by `sluice cluster up`
+DEFAULT_CLUSTER_DIR = ".sluice-cluster"  # `sluice cluster`'s default --dir
 
 # Errors the user fixes by changing the command: exit 2. Everything else: exit 1.
 USAGE_ERRORS: tuple[type[errors.SluiceError], ...] = (
@@ -56,6 +62,17 @@ _FILE_KEYS = ("etcd", "cluster-id", "timeout", "security")
 def load_config(args: argparse.Namespace, environ: dict[str, str] | None = None) -> CtlConfig:
     env = os.environ if environ is None else environ
     path = getattr(args, "config", None)
+    cluster_dir = getattr(args, "cluster_dir", None) or env.get(ENV_CLUSTER_DIR)
+    if not (cluster_dir or path or getattr(args, "etcd", None) or env.get(ENV_ETCD)) and \
+            os.path.isfile(os.path.join(DEFAULT_CLUSTER_DIR, CLUSTER_CTL_CONFIG)):
+        # Nothing says where the cluster is: the one `sluice cluster up` runs from here by
+        # default (its certificates included), rather than a plaintext 127.0.0.1:2379.
+        cluster_dir = DEFAULT_CLUSTER_DIR
+    if cluster_dir and not path:
+        path = os.path.join(cluster_dir, CLUSTER_CTL_CONFIG)
+        if not os.path.isfile(path):
+            raise errors.ConfigError(f"{path}: not found; is {cluster_dir} a `sluice cluster up` "
+                                     "directory (it writes ctl.toml there)?")
     data: dict[str, Any] = {}
     where = "<defaults>"
     if path:

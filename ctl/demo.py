@@ -526,7 +526,7 @@ def _run(demo: Demo) -> bool:
           f"{SHOP}.orders_changelog ORDER BY _commit_ts DESC, _seq DESC LIMIT 20\"")
     print(f"  sluice ctl verify --source {verify.redact(demo.source_dsn())} --spark-config "
           f"{drainer_conf} --tables {SHOP}.orders")
-    print(f"  sluice ctl --etcd {demo.state.etcd} drainers")
+    print(f"  sluice ctl --cluster-dir {layout.root} drainers")
     bad = [r for r in results if not r.ok]
     if bad:
         print(f"\nFAILED: {bad[0].first_difference()}", file=sys.stderr)

@@ -74,19 +74,67 @@ def test_a_broken_copy_fails_validation(tmp_path: Path, breakage: tuple[str, str
     assert out.returncode != 0, f"compose accepted {what}"
 
 
+def _one_shot(svc: dict[str, Any]) -> bool:
+    """A service that runs once and exits (the certificates maker): never restarted."""
+    return svc.get("restart") == "no"
+
+
 def test_every_piece_of_the_system_is_a_service(model: dict[str, Any]) -> None:
+    """Every long-running service has a health check and waits for its dependencies to be
+    healthy; a one-shot service is waited for until it completed successfully."""
     services = model["services"]
-    assert WANTED_SERVICES <= set(services), WANTED_SERVICES - set(services)
+    assert WANTED_SERVICES | {"certs"} <= set(services), WANTED_SERVICES - set(services)
     for name, svc in services.items():
-        assert "healthcheck" in svc, f"{name} has no health check"
+        assert _one_shot(svc) or "healthcheck" in svc, f"{name} has no health check"
         for dep, cond in (svc.get("depends_on") or {}).items():
-            assert cond["condition"] == "service_healthy", f"{name} -> {dep}"
-            assert "healthcheck" in services[dep]
+            if _one_shot(services[dep]):
+                assert cond["condition"] == "service_completed_successfully", f"{name} -> {dep}"
+            else:
+                assert cond["condition"] == "service_healthy", f"{name} -> {dep}"
+                assert "healthcheck" in services[dep]
 
 
 def _sluice_services(model: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The long-running Sluice processes (not etcd or Derby from the image, not one-shots)."""
     return {n: s for n, s in model["services"].items()
-            if s.get("image") == SLUICE_IMAGE and not s.get("entrypoint")}
+            if s.get("image") == SLUICE_IMAGE and not s.get("entrypoint") and not _one_shot(s)}
+
+
+def _mounts(svc: dict[str, Any]) -> dict[str, str]:
+    """target -> source of a service's volumes."""
+    return {v["target"]: v.get("source", "") for v in svc.get("volumes", [])}
+
+
+def test_secure_by_default_every_server_and_etcd_take_only_mutual_tls(model: dict[str, Any]) -> None:
+    """TLS by default (issue #20): a `certs` one-shot makes the CA and a node certificate naming
+    every service that is dialled; etcd serves https with --client-cert-auth; every Sluice
+    process waits for the certificates, mounts them and has a complete [security] table."""
+    services = model["services"]
+    certs = services["certs"]
+    assert certs["command"][:2] == ["ctl", "certs"]
+    cmd = certs["command"]
+    certs_dir = cmd[cmd.index("--certs-dir") + 1]
+    hosts = {cmd[i + 1] for i, a in enumerate(cmd) if a == "--host"}
+    assert _mounts(certs).get(certs_dir) == "certs"
+
+    etcd = services["etcd"]["command"]
+    assert "--client-cert-auth" in etcd and "--peer-client-cert-auth" in etcd
+    assert not [a for a in etcd if "http://" in a], "etcd must not serve plaintext"
+    assert f"--trusted-ca-file={certs_dir}/ca.pem" in etcd
+    assert "etcd" in hosts
+    assert services["etcd"]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
+
+    for name, svc in _sluice_services(model).items():
+        assert svc["depends_on"]["certs"]["condition"] == "service_completed_successfully", name
+        assert _mounts(svc).get(certs_dir) == "certs", f"{name} does not mount the certificates"
+        for mount in svc["configs"]:
+            data = tomllib.loads(model["configs"][mount["source"]]["content"])
+            assert data.get("security") == {"ssl-ca": f"{certs_dir}/ca.pem",
+                                            "ssl-cert": f"{certs_dir}/node.pem",
+                                            "ssl-key": f"{certs_dir}/node-key.pem"}, name
+            if "advertise-addr" in data:
+                # Peers verify the name they dial against the node certificate.
+                assert data["advertise-addr"].split(":")[0] in hosts, f"{name} not in --host"
 
 
 def test_sluice_services_run_real_subcommands_with_their_mounted_config(model: dict[str, Any]) -> None:
