@@ -31,7 +31,7 @@ from tests.support.pipeline import differences
 from tests.support.procs import PYTHON, Proc, sluice_argv, wait_until
 
 _WHY_NOT = netns_unavailable()
-pytestmark = [pytest.mark.timeout(420),
+pytestmark = [pytest.mark.timeout(420), pytest.mark.mariadb,
               pytest.mark.skipif(bool(_WHY_NOT), reason=f"needs network namespaces: {_WHY_NOT}")]
 
 CLUSTER_ID = 31
