@@ -44,7 +44,7 @@ class PumpService(pbg.PumpServicer):
         refreshed: set[str] = set()
         while True:
             try:
-                wm = await self.storage.write(payloads)
+                wm = await self.storage.write(payloads, from_client=True)
                 break
             except errors.UnknownProducer as e:
                 # The registry watch may not have delivered a producer that registered a

@@ -95,6 +95,9 @@ class StorageOptions:
     sync: bool = True                        # False only for tests that do not test durability
 
 
+_FROM_CLIENT = "from-client"   # _Req.arg of a write that came through the Pump service
+
+
 class _Req:
     __slots__ = ("kind", "payloads", "nbytes", "loop", "fut", "arg", "result", "error")
 
@@ -329,13 +332,19 @@ class Storage:
         short (e.g. `loop.call_soon_threadsafe(event.set)`)."""
         self._listeners.append(callback)
 
-    async def write(self, payloads: list[bytes]) -> int:
-        """Store serialized Binlogs atomically; returns the served watermark once durable."""
+    async def write(self, payloads: list[bytes], from_client: bool = False) -> int:
+        """Store serialized Binlogs atomically; returns the served watermark once durable.
+
+        `from_client`: the payloads came through the Pump service, so FAKE binlogs are refused:
+        only the pump writes them (heartbeats at fresh TSO timestamps). A client's fake at a
+        future ts would raise the served watermark past every timestamp the TSO hands out, and
+        every commit after it would be refused."""
         if not payloads:
             self._check_writable()
             return self._served
         loop = asyncio.get_running_loop()
-        req = _Req(_WRITE, payloads, self._size_check(payloads), loop, loop.create_future())
+        req = _Req(_WRITE, payloads, self._size_check(payloads), loop, loop.create_future(),
+                   _FROM_CLIENT if from_client else None)
         self._submit(req)
         return await req.fut
 
@@ -622,8 +631,9 @@ class Storage:
                 else:
                     payloads = r.payloads
                     assert payloads is not None
+                    client = r.arg is _FROM_CLIENT
                     for i, payload in enumerate(payloads):
-                        self._stage(st, grp, i, payload)
+                        self._stage(st, grp, i, payload, client)
             except SluiceError as e:
                 r.error = e
                 continue
@@ -705,7 +715,8 @@ class Storage:
         raw = self._db.get(ix.ts_key(ix.T, start_ts))
         return None if raw is None else ix.txn_val_unpack(raw)
 
-    def _stage(self, st: _Stage, grp: _Stage, i: int, payload: bytes) -> None:
+    def _stage(self, st: _Stage, grp: _Stage, i: int, payload: bytes,
+               from_client: bool = False) -> None:
         try:
             b = pb.Binlog.FromString(payload)
         except DecodeError as e:
@@ -834,6 +845,9 @@ class Storage:
             st.crcs.append(crc)
             st.meta.append((key, h, 0, start_ts, 0))
         elif tp == _FAKE:
+            if from_client:
+                raise InvalidArgument(f"binlog {i}: fake binlogs are written by the pump itself "
+                                      "(heartbeats at fresh TSO timestamps), not by clients")
             ts = b.commit_ts
             if ts != start_ts:
                 raise InvalidArgument(f"binlog {i}: fake binlog needs start_ts == commit_ts "

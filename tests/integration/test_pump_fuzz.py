@@ -117,7 +117,7 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
         "ts<=0", "commit-without-prewrite", "different-content", "other-commit-ts",
         "commit<=start", "oversized", "wrong-cluster", "random", "mutated", "wrong-type",
         "unknown-type", "rollback-committed", "part-no", "no-producer", "unregistered",
-        "bad-value"]))
+        "bad-value", "fake"]))
     fresh = next(p.fresh)
     if kind == "ts<=0":
         bad_ts = data.draw(hst.integers(-(1 << 63), 0))
@@ -126,6 +126,13 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
                    if maker == "commit" else pb.Binlog(tp=pb.FAKE, start_ts=bad_ts,
                                                        commit_ts=bad_ts).SerializeToString())
         return [payload], {grpc.StatusCode.INVALID_ARGUMENT}, "", p.cluster_id
+    if kind == "fake":
+        # Heartbeats are the pump's own: a client's fake at a future ts once raised the served
+        # watermark past the TSO, and every later commit was refused.
+        t = data.draw(hst.sampled_from([c, p.ts.get(), p.ts.get() + (1 << 40), 1 << 62]))
+        return [pb.Binlog(tp=pb.FAKE, start_ts=t, commit_ts=t).SerializeToString()], \
+            {grpc.StatusCode.INVALID_ARGUMENT}, "fake binlogs are written by the pump itself", \
+            p.cluster_id
     if kind == "commit-without-prewrite":
         return [commit(fresh, fresh + 1)], {grpc.StatusCode.FAILED_PRECONDITION}, \
             "without its prewrite", p.cluster_id

@@ -269,13 +269,16 @@ class SourceLoad:
     def __init__(self, db: MariaDBServer, schema: str, seed: int = 1) -> None:
         self.db, self.schema = db, schema
         self.rng = random.Random(seed)
-        self.conn = pymysql.connect(host="127.0.0.1", port=db.port, user=db.user,
-                                    password=db.password, charset="utf8mb4", autocommit=False)
+        self.conn = self._connect()
         self.ids: dict[str, set[int]] = {"acct": set(), "item": set()}
         self.next_id = 0
         self.names = {"acct": "acct", "item": "item", "log": "log"}
         self.extra_acct_column = False
         self.committed = 0
+
+    def _connect(self) -> Any:
+        return pymysql.connect(host="127.0.0.1", port=self.db.port, user=self.db.user,
+                               password=self.db.password, charset="utf8mb4", autocommit=False)
 
     def create(self) -> None:
         self.ddl(f"CREATE DATABASE IF NOT EXISTS {self.schema}")
