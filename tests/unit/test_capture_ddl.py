@@ -298,3 +298,21 @@ def test_tracker_declare_seeded_covers_only_captured_tables() -> None:
     assert [(i.schema_name, i.table_name, i.version) for i in infos] == [("app", "t", 42)]
     assert [list(i.columns) for i in infos[0].indexes] == [["id"], ["code"]]
     assert tr.declared("app", "t") is infos[0] and tr.declared("app", "secret") is None
+
+
+def test_uuid_and_inet_columns_keep_their_ddl_type_over_the_tablemaps_binary() -> None:
+    """MariaDB logs UUID / INET4 / INET6 columns as fixed BINARY in the TableMap: the row shape
+    keeps the DDL's type (what the bytes mean), so it equals the CREATE's shape (no second
+    version whose BINARY a sink could not reconcile with the CREATE's UUID)."""
+    from sluice.capture.schema import merge
+    st = ddl.parse("CREATE TABLE g (id INT PRIMARY KEY, u UUID, a4 INET4, a6 INET6, p POINT)", "db")
+    assert st is not None and st.table_def is not None
+    model = st.table_def
+    assert [c.data_type for c in model.columns] == ["int", "uuid", "inet4", "inet6", "geometry"]
+    tablemap = [pb.ColumnInfo(name="id", data_type="int"),
+                pb.ColumnInfo(name="u", data_type="binary", length=16),
+                pb.ColumnInfo(name="a4", data_type="binary", length=4),
+                pb.ColumnInfo(name="a6", data_type="binary", length=16),
+                pb.ColumnInfo(name="p", data_type="geometry")]
+    out, _ = merge(tablemap, ["id"], model)
+    assert [c.data_type for c in out] == ["int", "uuid", "inet4", "inet6", "geometry"]

@@ -119,6 +119,11 @@ def test_uuid_inet_and_spatial_values_as_the_capture_emits_them() -> None:
     assert conv("inet6", bytes.fromhex("20010db8000000000000ff0000428329")) == (
         "2001:db8::ff00:42:8329", None)
     assert conv("inet6", bytes(16)) == ("::", None)
+    # MariaDB (inet_ntop) prints embedded IPv4 in dotted form; Python 3.11's ipaddress does not.
+    assert conv("inet6", bytes(10) + b"\xff\xff\x01\x02\x03\x04") == ("::ffff:1.2.3.4", None)
+    assert conv("inet6", bytes(12) + b"\x01\x02\x03\x04") == ("::1.2.3.4", None)
+    assert conv("inet6", bytes(15) + b"\x01") == ("::1", None)
+    assert conv("inet6", bytes(14) + b"\x01\x02") == ("::102", None)
     wkb = bytes.fromhex("0101000000000000000000f03f0000000000000040")   # POINT(1 2)
     assert conv("point", b"\x00\x00\x00\x00" + wkb) == (bytearray(wkb), None)
     assert conv("geometry", b"\xe6\x10\x00\x00" + wkb) == (bytearray(wkb), None)   # SRID 4326
