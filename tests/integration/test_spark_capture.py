@@ -270,7 +270,7 @@ def expected_types_row(r: tuple) -> tuple:
         out["b64"] = decimal.Decimal(out["b64"])
     if v["st"] is not None:
         out["st"] = [m for m in v["st"].split(",") if m] if isinstance(v["st"], str) \
-            else sorted(v["st"])
+            else [m for m in sorted(v["st"]) if m]   # pymysql may give a Python set
     for c in ("tm", "tm0"):
         if v[c] is not None:
             out[c] = time_text(v[c])
