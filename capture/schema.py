@@ -198,8 +198,12 @@ def map_columns(event: object) -> tuple[list[pb.ColumnInfo], list[BinColumn], li
     return cols, bins, encs, pk
 
 
+# DDL types whose TableMap type differs: MariaDB logs JSON as LONGTEXT, spatial types as GEOMETRY,
+# and its UUID / INET4 / INET6 as fixed BINARY (16 / 4 / 16 bytes, in text order): the DDL's type
+# names what the bytes mean, so the sinks can render them (a UUID as its canonical text).
 _SAME = {"json": {"longtext", "json"}, "geometry": {"geometry", "point", "linestring", "polygon",
-         "multipoint", "multilinestring", "multipolygon", "geometrycollection", "longblob", "blob"}}
+         "multipoint", "multilinestring", "multipolygon", "geometrycollection", "longblob", "blob"},
+         "uuid": {"binary"}, "inet4": {"binary"}, "inet6": {"binary"}}
 
 
 def _compatible(map_col: pb.ColumnInfo, ddl_col: pb.ColumnInfo) -> bool:

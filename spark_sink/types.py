@@ -235,9 +235,21 @@ def _conv_uuid(d: pb.Datum) -> Any:
     return _conv_str(d)
 
 
+def inet6_text(b: bytes) -> str:
+    """INET6 bytes as MariaDB prints them (inet_ntop's rules): IPv4-mapped `::ffff:a.b.c.d` and
+    IPv4-compatible `::a.b.c.d` (not `::` or `::1`-like) in dotted form, else RFC 5952 text.
+    Python's ipaddress (3.11) writes `::ffff:102:304` for a mapped address."""
+    if b[:10] == bytes(10) and b[10:12] in (b"\xff\xff", b"\x00\x00") and (
+            b[10:12] == b"\xff\xff" or b[12:14] != b"\x00\x00"):
+        return ("::ffff:" if b[10:12] == b"\xff\xff" else "::") + str(_ipaddress.IPv4Address(b[12:]))
+    return str(_ipaddress.IPv6Address(b))
+
+
 def _conv_inet(d: pb.Datum) -> Any:
-    if d.WhichOneof("value") == "bytes" and len(d.bytes) in (4, 16):
-        return str(_ipaddress.ip_address(d.bytes))
+    if d.WhichOneof("value") == "bytes" and len(d.bytes) == 4:
+        return str(_ipaddress.IPv4Address(d.bytes))
+    if d.WhichOneof("value") == "bytes" and len(d.bytes) == 16:
+        return inet6_text(d.bytes)
     return _conv_str(d)
 
 

@@ -327,3 +327,21 @@ def test_show_create_table_keeps_what_a_downstream_create_needs() -> None:
     tracker.seed("db", "t", sql)
     (info,) = tracker.declare_seeded([("db", "t")], version=5)
     assert info.collation == "utf8mb4_unicode_ci" and info.columns[3].generation_expression
+
+
+def test_uuid_and_inet_columns_keep_their_ddl_type_over_the_tablemaps_binary() -> None:
+    """MariaDB logs UUID / INET4 / INET6 columns as fixed BINARY in the TableMap: the row shape
+    keeps the DDL's type (what the bytes mean), so it equals the CREATE's shape (no second
+    version whose BINARY a sink could not reconcile with the CREATE's UUID)."""
+    from sluice.capture.schema import merge
+    st = ddl.parse("CREATE TABLE g (id INT PRIMARY KEY, u UUID, a4 INET4, a6 INET6, p POINT)", "db")
+    assert st is not None and st.table_def is not None
+    model = st.table_def
+    assert [c.data_type for c in model.columns][:4] == ["int", "uuid", "inet4", "inet6"]
+    tablemap = [pb.ColumnInfo(name="id", data_type="int"),
+                pb.ColumnInfo(name="u", data_type="binary", length=16),
+                pb.ColumnInfo(name="a4", data_type="binary", length=4),
+                pb.ColumnInfo(name="a6", data_type="binary", length=16),
+                pb.ColumnInfo(name="p", data_type="geometry")]
+    out, _ = merge(tablemap, ["id"], model)
+    assert [c.data_type for c in out][:4] == ["int", "uuid", "inet4", "inet6"]

@@ -1,7 +1,6 @@
 """Type mapping of the Spark sink (docs/types.md, Spark column) — no Spark session needed."""
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import decimal
 
@@ -10,24 +9,25 @@ import pytest
 from sluice.core.rowcodec import MySQLDateTime, python_to_datum
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import types as ST
-from sluice.spark_sink.layout import Layout
-from sluice.spark_sink.tables import (TableState, UnmappableChange, all_changes_sql, changelog_sql,
-                                      evolve, phys_index)
+from sluice.spark_sink.tables import TableState, UnmappableChange, plan
 from tests.support.rows import Table, col
 
 UTC = _dt.timezone.utc
 
 
 @pytest.mark.parametrize("column_type,spark", [
-    ("tinyint(4)", "TINYINT"), ("tinyint(3) unsigned", "SMALLINT"), ("smallint(6)", "SMALLINT"),
-    ("smallint(5) unsigned", "INT"), ("mediumint(9)", "INT"), ("int(11)", "INT"),
-    ("int(10) unsigned", "BIGINT"), ("bigint(20)", "BIGINT"),
-    ("bigint(20) unsigned", "DECIMAL(20,0)"), ("year(4)", "SMALLINT"), ("bit(8)", "BIGINT"),
+    # Iceberg has no 8- or 16-bit integers: everything up to INT (and INT-sized unsigned) is INT.
+    ("tinyint(4)", "INT"), ("tinyint(3) unsigned", "INT"), ("smallint(6)", "INT"),
+    ("smallint(5) unsigned", "INT"), ("mediumint(9)", "INT"), ("mediumint(8) unsigned", "INT"),
+    ("int(11)", "INT"), ("int(10) unsigned", "BIGINT"), ("bigint(20)", "BIGINT"),
+    ("bigint(20) unsigned", "DECIMAL(20,0)"), ("year(4)", "INT"), ("bit(8)", "BIGINT"),
     ("bit(64)", "DECIMAL(20,0)"), ("float", "DOUBLE"), ("double", "DOUBLE"),
     ("decimal(10,2)", "DECIMAL(10,2)"), ("decimal(38,10)", "DECIMAL(38,10)"),
     ("decimal(65,30)", "STRING"), ("datetime(6)", "TIMESTAMP"), ("timestamp", "TIMESTAMP"),
     ("date", "DATE"), ("time(6)", "STRING"), ("json", "STRING"), ("varchar(10)", "STRING"),
-    ("enum('a','b')", "STRING"), ("varbinary(8)", "BINARY"), ("blob", "BINARY"),
+    ("enum('a','b')", "STRING"), ("set('a','b')", "ARRAY<STRING>"), ("varbinary(8)", "BINARY"),
+    ("blob", "BINARY"), ("uuid", "STRING"), ("inet4", "STRING"), ("inet6", "STRING"),
+    ("point", "BINARY"), ("geometry", "BINARY"), ("polygon", "BINARY"),
 ])
 def test_column_types(column_type: str, spark: str) -> None:
     assert ST.spark_type(col("c", column_type)) == spark
@@ -109,68 +109,123 @@ def test_generated_row_reader_equals_row_values() -> None:
             f(short)
 
 
+def test_uuid_inet_and_spatial_values_as_the_capture_emits_them() -> None:
+    """The capture emits UUID / INET4 / INET6 as their fixed-size binary (in text order, as
+    MariaDB logs them) and spatial values as MariaDB's storage format (a 4-byte SRID, then
+    WKB): they land as canonical text and as the bare WKB."""
+    u = bytes.fromhex("123e4567e89b12d3a456426655440000")
+    assert conv("uuid", u) == ("123e4567-e89b-12d3-a456-426655440000", None)
+    assert conv("inet4", bytes([10, 0, 0, 1])) == ("10.0.0.1", None)
+    assert conv("inet6", bytes.fromhex("20010db8000000000000ff0000428329")) == (
+        "2001:db8::ff00:42:8329", None)
+    assert conv("inet6", bytes(16)) == ("::", None)
+    # MariaDB (inet_ntop) prints embedded IPv4 in dotted form; Python 3.11's ipaddress does not.
+    assert conv("inet6", bytes(10) + b"\xff\xff\x01\x02\x03\x04") == ("::ffff:1.2.3.4", None)
+    assert conv("inet6", bytes(12) + b"\x01\x02\x03\x04") == ("::1.2.3.4", None)
+    assert conv("inet6", bytes(15) + b"\x01") == ("::1", None)
+    assert conv("inet6", bytes(14) + b"\x01\x02") == ("::102", None)
+    wkb = bytes.fromhex("0101000000000000000000f03f0000000000000040")   # POINT(1 2)
+    assert conv("point", b"\x00\x00\x00\x00" + wkb) == (bytearray(wkb), None)
+    assert conv("geometry", b"\xe6\x10\x00\x00" + wkb) == (bytearray(wkb), None)   # SRID 4326
+
+
+def test_set_lands_as_an_array_of_its_members() -> None:
+    assert conv("set('a','b','c')", "a,c") == (["a", "c"], None)
+    assert conv("set('a','b','c')", "") == ([], None)
+
+
 @pytest.mark.parametrize("old,new,ok", [
-    ("INT", "BIGINT", True), ("BIGINT", "INT", False), ("INT", "DECIMAL(20,0)", True),
-    ("BIGINT", "DECIMAL(18,0)", False), ("DECIMAL(10,2)", "DECIMAL(12,4)", True),
-    ("DECIMAL(10,2)", "DECIMAL(12,1)", False), ("INT", "STRING", True), ("STRING", "INT", False),
-    ("DATE", "TIMESTAMP", True), ("BINARY", "STRING", False), ("SMALLINT", "DOUBLE", True),
+    ("INT", "BIGINT", True), ("BIGINT", "INT", False), ("FLOAT", "DOUBLE", True),
+    ("DECIMAL(10,2)", "DECIMAL(12,2)", True), ("DECIMAL(10,2)", "DECIMAL(12,4)", False),
+    ("DECIMAL(10,2)", "DECIMAL(8,2)", False), ("INT", "STRING", False), ("STRING", "STRING", True),
+    ("DATE", "TIMESTAMP", False), ("INT", "DECIMAL(20,0)", False),
 ])
-def test_widening(old: str, new: str, ok: bool) -> None:
+def test_widening_is_an_iceberg_promotion(old: str, new: str, ok: bool) -> None:
+    """widens(): only Iceberg's in-place promotions (int -> bigint, float -> double, decimal
+    precision up at the same scale)."""
     assert ST.widens(old, new) is ok
 
 
-def test_schema_evolution_adds_physical_columns_only() -> None:
-    layout = Layout("/tmp/x", "sluice", "{schema}", "src")
+@pytest.mark.parametrize("old,new,ok", [
+    ("INT", "STRING", True), ("DECIMAL(10,2)", "STRING", True), ("DATE", "STRING", True),
+    ("STRING", "INT", True), ("STRING", "DECIMAL(10,2)", True), ("INT", "DECIMAL(20,0)", True),
+    ("DECIMAL(10,2)", "DECIMAL(12,4)", True), ("DECIMAL(10,2)", "DECIMAL(12,1)", False),
+    ("DECIMAL(10,0)", "BIGINT", True), ("DECIMAL(10,2)", "INT", False), ("DATE", "TIMESTAMP", True),
+    ("BINARY", "STRING", False), ("DOUBLE", "STRING", False), ("STRING", "BINARY", False),
+])
+def test_castable_keeps_mysqls_values(old: str, new: str, ok: bool) -> None:
+    """castable(): a Spark CAST that gives what MySQL's ALTER gives (else the change is
+    unmappable)."""
+    assert ST.castable(old, new) is ok
+
+
+def _cols(st: TableState) -> list[tuple[str, str, str]]:
+    return [(c.name, c.stype, c.cl) for c in st.columns]
+
+
+def test_plan_adds_drops_renames_widens_and_recasts_by_column() -> None:
+    """plan(): add / drop / rename (by the DDL's RENAME COLUMN or CHANGE) keep each column's
+    history; an Iceberg promotion widens in place; another cast renames the changelog's old
+    column aside and recasts the current table."""
     t1 = Table(5, "shop", "items", [col("id", "int(11)", nullable=False), col("qty", "int(11)"),
                                     col("note", "varchar(10)")], primary=["id"])
-    s1 = evolve(None, t1.info, layout)
-    assert [p for p, _ in s1.phys_columns()] == ["id", "qty", "note"]
-    t2 = t1.add_column(col("price", "decimal(10,2)"))
-    s2 = evolve(s1, t2.info, layout)
-    # Widen qty: a new physical column of the wider type; the old one stays.
-    t3 = Table(5, "shop", "items", [*t2.columns[:1], col("qty", "bigint(20)"), *t2.columns[2:]],
+    s1, ops = plan(None, t1.info, "shop")
+    assert [o.kind for o in ops] == ["create", "create"]
+    assert _cols(s1) == [("id", "INT", "id"), ("qty", "INT", "qty"), ("note", "STRING", "note")]
+    t2 = Table(5, "shop", "items", [col("id", "int(11)", nullable=False), col("qty", "bigint(20)"),
+                                    col("memo", "varchar(10)"), col("code", "int(11)")],
+               primary=["id"], version=2)
+    s2, ops = plan(s1, t2.info, "shop", "ALTER TABLE items MODIFY qty BIGINT, "
+                                          "CHANGE note memo VARCHAR(10), ADD code INT")
+    kinds = {(o.kind, o.table, o.column, o.to) for o in ops}
+    assert {("widen", "current", "qty", "BIGINT"), ("rename", "current", "note", "memo"),
+            ("add", "current", "code", "INT")} <= kinds
+    assert _cols(s2) == [("id", "INT", "id"), ("qty", "BIGINT", "qty"),
+                         ("memo", "STRING", "memo"), ("code", "INT", "code")]
+    t3 = Table(5, "shop", "items", [col("id", "int(11)", nullable=False), col("qty", "bigint(20)"),
+                                    col("memo", "varchar(10)"), col("code", "varchar(12)")],
                primary=["id"], version=3)
-    s3 = evolve(s2, t3.info, layout)
-    assert s3.phys_columns()[:4] == s2.phys_columns()  # append-only
-    qty = next(c for c in s3.columns if c.name == "qty")
-    assert qty.stype == "BIGINT" and [p for p, _ in qty.phys] == ["qty", "qty__bigint"]
-    # Rows of version 1 still go to the INT column, rows of version 3 to the BIGINT one.
-    names = [p for p, _ in s3.phys_columns()]
-    assert [names[i] for i in phys_index(s3, t1.info)] == ["id", "qty", "note"]
-    assert [names[i] for i in phys_index(s3, t3.info)] == ["id", "qty__bigint", "note", "price"]
-    assert names == ["id", "qty", "note", "price", "qty__bigint"]
-    t4 = t3.drop_column("note")
-    s4 = evolve(s3, t4.info, layout)
-    assert [c.name for c in s4.visible] == ["id", "qty", "price"]
-    assert TableState.from_json(s4.to_json()) == s4
+    s3, ops = plan(s2, t3.info, "shop", "ALTER TABLE items MODIFY code VARCHAR(12)")
+    assert ("rename", "changelog", "code", "code__v2") in {(o.kind, o.table, o.column, o.to)
+                                                          for o in ops}
+    assert ("recast", "current", "code", "STRING") in {(o.kind, o.table, o.column, o.to)
+                                                       for o in ops}
+    assert ("code__v2", "INT") in s3.cl_extra
+    assert TableState.from_json(s3.to_json()) == s3
+
+
+def test_plan_of_a_new_incarnation_starts_the_current_table_again() -> None:
+    """DROP then CREATE with another shape: the current table is dropped and created in the new
+    shape; the changelog keeps the old incarnation's columns (a changed type moved aside)."""
+    t1 = Table(6, "s", "t", [col("id", "int(11)", nullable=False), col("x", "int(11)")],
+               primary=["id"])
+    s1, _ = plan(None, t1.info, "s")
+    t2 = Table(6, "s", "t", [col("id", "varchar(10)", nullable=False), col("y", "text")],
+               primary=["id"], version=2)
+    s2, ops = plan(s1, t2.info, "s", "CREATE TABLE t (id VARCHAR(10) PRIMARY KEY, y TEXT)",
+                   new_incarnation=True)
+    assert ops[0].kind == "drop_table" and ops[-1].kind == "create"
+    assert _cols(s2) == [("id", "STRING", "id"), ("y", "STRING", "y")]
+    assert {n for n, _ in s2.cl_extra} == {"id__v1", "x"} and s2.incarnation == 2
 
 
 def test_unmappable_change_names_table_column_and_ddl() -> None:
-    layout = Layout("/tmp/x", "sluice", "{schema}", "src")
-    t1 = Table(6, "shop", "notes", [col("id", "int(11)", nullable=False), col("body", "text")],
+    t1 = Table(6, "shop", "notes", [col("id", "int(11)", nullable=False), col("body", "varbinary(9)")],
                primary=["id"])
-    s1 = evolve(None, t1.info, layout)
+    s1, _ = plan(None, t1.info, "shop")
     t2 = Table(6, "shop", "notes", [col("id", "int(11)", nullable=False), col("body", "int(11)")],
                primary=["id"], version=2)
     with pytest.raises(UnmappableChange) as e:
-        evolve(s1, t2.info, layout, "ALTER TABLE notes MODIFY body INT")
+        plan(s1, t2.info, "shop", "ALTER TABLE notes MODIFY body INT")
     msg = str(e.value)
     assert "shop.notes" in msg and "body" in msg and "ALTER TABLE notes MODIFY body INT" in msg
-
-
-def test_the_changelog_view_reads_the_merged_changelog_once_with_a_constant_boundary() -> None:
-    """A reader resolves a view's text once but lists each table it names separately: the
-    changelog view names the merged changelog once, with the boundary between merged and raw
-    batches a constant of its text, so one query can never mix two merge generations (the
-    boundary read from the merged files in a second subquery could, and counted batches twice).
-    A state written before the boundary was kept loads without it (the views read raw)."""
-    layout = Layout("/tmp/x", "sluice", "{schema}", "src")
-    t = Table(6, "shop", "orders", [col("id", "int(11)", nullable=False)], primary=["id"])
-    st = dataclasses.replace(evolve(None, t.info, layout), base_version=2, base_upto=40,
-                             hist_upto=40)
-    sql = changelog_sql(st, layout)
-    assert sql.count(layout.hist(6)) == 1
-    assert "`_batch` <= 40" in sql and "r.`_batch` > 40" in sql and "max(" not in sql
-    assert layout.hist(6) not in all_changes_sql(dataclasses.replace(st, hist_upto=0), layout)
-    legacy = st.to_json().replace('"hist_upto":40', '"hist":true')
-    assert TableState.from_json(legacy).hist_upto == 0
+    # as-string: a change with no value-keeping cast to its type makes the column STRING.
+    d1 = Table(7, "shop", "days", [col("id", "int(11)", nullable=False), col("day", "date")],
+               primary=["id"])
+    sd, _ = plan(None, d1.info, "shop")
+    d2 = Table(7, "shop", "days", [col("id", "int(11)", nullable=False), col("day", "int(11)")],
+               primary=["id"], version=2)
+    with pytest.raises(UnmappableChange):
+        plan(sd, d2.info, "shop", "ALTER TABLE days MODIFY day INT")
+    sd2, _ = plan(sd, d2.info, "shop", "ALTER TABLE days MODIFY day INT", policy="as-string")
+    assert ("day", "STRING", "day") in _cols(sd2)
