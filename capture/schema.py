@@ -26,7 +26,7 @@ from pymysqlreplication.constants import CHARSET
 from pymysqlreplication.constants import FIELD_TYPE as FT
 
 from sluice.capture import ddl as ddlmod
-from sluice.capture.types import BinColumn, RowDecoder, UndecodableRow, compile_column
+from sluice.capture.types import BinColumn, RowDecoder, UndecodableRow, native_spec
 from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -344,7 +344,7 @@ class SchemaTracker:
             self._declared[(db, table)] = info
             to_declare = info
         where = f"{db}.{table}"
-        decoder = RowDecoder([compile_column(b, c, e, f"{where}.{c.name}")
+        decoder = RowDecoder([native_spec(b, c, e, f"{where}.{c.name}")
                               for b, c, e in zip(bins, info.columns, encs)], where)
         self._compiled[key] = (info, decoder)
         return TableEntry(tid, db, table, info, decoder), to_declare
