@@ -155,6 +155,8 @@ def main() -> None:
     ap.add_argument("--port", type=int)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-end-to-end", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one native decode-only run (cProfile) and print its top frames")
     ap.add_argument("--sysbench-txns", type=int, default=0,
                     help="read a sysbench oltp_write_only binlog of this many transactions")
     a = ap.parse_args()
@@ -225,6 +227,22 @@ def main() -> None:
             print()
             print(f"end to end (capture process -> 2 pumps, all committed): {events / et:,.0f} events/s "
                   f"({txns / et:,.0f} txns/s), {bt / et:.2f}x the baseline's decode rate")
+        if a.profile:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+            run_ours(settings, start)
+            prof.disable()
+            st = pstats.Stats(prof)
+            total = sum(v[2] for v in st.stats.values())  # type: ignore[attr-defined]
+            print()
+            print("| top frames of the native decode-only run (own time) | share |")
+            print("|---|---|")
+            rows_ = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:15]  # type: ignore[attr-defined]
+            for (file, line, func), v in rows_:
+                where = f"{Path(file).name}:{line}" if line else file
+                print(f"| `{func}` ({where}) | {100 * v[2] / total:.1f}% |")
         print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
               f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, "
               f"date {time.strftime('%Y-%m-%d')}, best of {a.repeat}")
