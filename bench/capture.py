@@ -240,7 +240,11 @@ def main() -> None:
             print("| top frames of the native decode-only run (own time) | share |")
             print("|---|---|")
             rows_ = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:15]  # type: ignore[attr-defined]
-            for (file, line, func), v in rows_:
+            native = [kv for kv in st.stats.items()  # type: ignore[attr-defined]
+                      if ("RowDecoder" in kv[0][2] or "MergeFromString" in kv[0][2]
+                          or kv[0][0].endswith("types.py") and kv[0][2] == "decode")
+                      and kv not in rows_]
+            for (file, line, func), v in rows_ + native:
                 where = f"{Path(file).name}:{line}" if line else file
                 print(f"| `{func}` ({where}) | {100 * v[2] / total:.1f}% |")
         print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
