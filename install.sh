@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One install script for a fresh machine, used by `make demo`, `make test`, .ci/run and the
 # Dockerfile: Debian packages, then a project venv (.venv) with the pinned requirements and
-# Sluice itself (editable, under the `sluice` namespace).
+# Sluice itself (editable, under the `sluice` namespace), then Sluice's native core (native/,
+# Rust + PyO3, built by maturin; crates pinned in native/Cargo.lock, fetched at install only).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -50,4 +51,20 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
   .venv/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
   echo "$want" > "$stamp"
+fi
+
+# The native core (native/): rebuilt only when its sources change (stamp = hash of the crate's
+# files), so a second run costs nothing. cargo keeps its incremental state in native/target.
+native_stamp=.venv/.native.sha
+native_want=$(cd native && cat Cargo.toml Cargo.lock pyproject.toml $(find src -type f | sort) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$native_stamp" 2>/dev/null)" != "$native_want" ] || ! .venv/bin/python -c "import sluice_native" 2>/dev/null; then
+  command -v cargo >/dev/null || { [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"; }
+  command -v cargo >/dev/null || { echo "install.sh: cargo (the Rust toolchain) is needed to build native/" >&2; exit 1; }
+  t0=$(date +%s)
+  rm -rf native/target/wheels
+  .venv/bin/maturin build --quiet --release --locked --manifest-path native/Cargo.toml \
+    --interpreter .venv/bin/python --out native/target/wheels
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall native/target/wheels/*.whl
+  echo "$native_want" > "$native_stamp"
+  echo "install.sh: built the native core (native/) in $(( $(date +%s) - t0 )) s"
 fi

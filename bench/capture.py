@@ -7,7 +7,11 @@ buffers in non-blocking mode, see capture/reader.py) iterated to the binlog's en
 `ev.rows` of every rows event (what any consumer must do to get values).
 
 1. decode only — ours: capture.reader.BinlogReader over the same range: strict TableMap
-   handling, our own value decoding into pb.Row/pb.Datum, schema tracking, whole transactions.
+   handling, the native row decoder (native/, `sluice_native`) into pb.Row/pb.Datum, schema
+   tracking, whole transactions. In the same invocation the same reader with the old all-Python
+   row decoder (tests/support/pydecode.py, the differential tests' oracle) shows what the native
+   core changed. Each decode-only run also reports its CPU time (this process's user + system)
+   per source transaction, which a loaded machine disturbs far less than the wall time.
 2. end to end — ours: the `sluice capture` process streaming the same range into two pump
    processes (etcd + TSO + 2 pumps on this machine), timed from its `connected` log line to the
    moment its metrics say every source transaction is committed to the pumps (prewrites,
@@ -42,6 +46,7 @@ from pymysqlreplication.row_event import RowsEvent  # noqa: E402
 
 from sluice.capture.reader import BinlogReader, FixedBinLogStreamReader  # noqa: E402
 from sluice.capture.schema import SchemaTracker, TableFilter  # noqa: E402
+from tests.support import pydecode  # noqa: E402
 
 TABLE = """CREATE TABLE IF NOT EXISTS bench_capture.sbtest (
   id INT UNSIGNED PRIMARY KEY, k INT NOT NULL, c CHAR(120) NOT NULL, pad CHAR(60) NOT NULL,
@@ -66,7 +71,8 @@ def load(conn, txns: int, rows: int) -> None:  # type: ignore[no-untyped-def]
         conn.commit()
 
 
-def run_baseline(settings: dict, start: str) -> tuple[int, float]:
+def run_baseline(settings: dict, start: str) -> tuple[int, float, float]:
+    c0 = time.process_time()
     t0 = time.perf_counter()
     s = FixedBinLogStreamReader(dict(settings), server_id=9101, blocking=False, is_mariadb=True,
                                 auto_position=start, enable_logging=False)
@@ -76,19 +82,24 @@ def run_baseline(settings: dict, start: str) -> tuple[int, float]:
         if isinstance(ev, RowsEvent):
             ev.rows  # noqa: B018 - decode the values
     s.close()
-    return events, time.perf_counter() - t0
+    return events, time.perf_counter() - t0, time.process_time() - c0
 
 
-def run_ours(settings: dict, start: str) -> tuple[int, int, float]:
+def run_ours(settings: dict, start: str, python_decoder: bool = False) -> tuple[int, int, float, float]:
+    c0 = time.process_time()
     t0 = time.perf_counter()
-    r = BinlogReader(dict(settings), replica_server_id=9102, tracker=SchemaTracker("bench", TableFilter()),
+    tracker = (pydecode.python_decode_tracker("bench", TableFilter()) if python_decoder
+               else SchemaTracker("bench", TableFilter()))
+    r = BinlogReader(dict(settings), replica_server_id=9102, tracker=tracker,
                      gtid_state=start, blocking=False)
+    if python_decoder:
+        pydecode.use_python_decoder(r)
     txns = rows = 0
     for t in r.transactions():
         txns += 1
         rows += sum(len(m.changes) for m in t.mutations)
     r.close()
-    return txns, rows, time.perf_counter() - t0
+    return txns, rows, time.perf_counter() - t0, time.process_time() - c0
 
 
 def _log_time(text: str, marker: str) -> float | None:
@@ -144,6 +155,8 @@ def main() -> None:
     ap.add_argument("--port", type=int)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-end-to-end", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile one native decode-only run (cProfile) and print its top frames")
     ap.add_argument("--sysbench-txns", type=int, default=0,
                     help="read a sysbench oltp_write_only binlog of this many transactions")
     a = ap.parse_args()
@@ -186,23 +199,54 @@ def main() -> None:
                 cluster.start_pump(p, wait_online=False)
             for p in ("pump-1", "pump-2"):
                 cluster.wait_pump_writable(cluster.pumps[p])
-        base, ours, e2e = [], [], []
+        base, ours, old, e2e = [], [], [], []
         for i in range(a.repeat):
-            events, bt = run_baseline(settings, start)
-            base.append(bt)
-            txns, rows, ot = run_ours(settings, start)
-            ours.append(ot)
+            events, bt, bc = run_baseline(settings, start)
+            base.append((bt, bc))
+            txns, rows, pt, pc = run_ours(settings, start, python_decoder=True)
+            old.append((pt, pc))
+            txns, rows, ot, oc = run_ours(settings, start)
+            ours.append((ot, oc))
             if cluster is not None:
                 e2e.append(run_end_to_end(cluster, port, password, start, txns, f"bench-cap-{i}"))
-        bt, ot = min(base), min(ours)
-        print("| what | baseline (BinLogStreamReader + .rows) | ours | ratio |")
-        print("|---|---|---|---|")
-        print(f"| decode only: events/s over {events} events ({txns} txns, {rows} rows) | "
-              f"{events / bt:,.0f} | {events / ot:,.0f} (BinlogReader -> pb rows) | {bt / ot:.2f}x |")
+        bt, pt, ot = (min(w for w, _ in runs) for runs in (base, old, ours))
+        bcpu, pcpu, ocpu = (min(c for _, c in runs) for runs in (base, old, ours))
+        ms = 1000 / txns
+        print(f"decode only over {events} events ({txns} txns, {rows} rows), best of {a.repeat}:")
+        print()
+        print("| reader | events/s (wall) | x baseline | CPU ms per source txn | x baseline (CPU) |")
+        print("|---|---|---|---|---|")
+        print(f"| baseline: BinLogStreamReader + .rows | {events / bt:,.0f} | 1.00x | {bcpu * ms:.3f} | 1.00x |")
+        print(f"| BinlogReader, old Python row decoder | {events / pt:,.0f} | {bt / pt:.2f}x | "
+              f"{pcpu * ms:.3f} | {bcpu / pcpu:.2f}x |")
+        print(f"| BinlogReader, native row decoder | {events / ot:,.0f} | {bt / ot:.2f}x | "
+              f"{ocpu * ms:.3f} | {bcpu / ocpu:.2f}x |")
+        print(f"| native vs old Python decoder | | {pt / ot:.2f}x | | {pcpu / ocpu:.2f}x |")
         if e2e:
             et = min(e2e)
-            print(f"| end to end: events/s, capture process -> 2 pumps, all committed | "
-                  f"{events / bt:,.0f} | {events / et:,.0f} ({txns / et:,.0f} txns/s) | {bt / et:.2f}x |")
+            print()
+            print(f"end to end (capture process -> 2 pumps, all committed): {events / et:,.0f} events/s "
+                  f"({txns / et:,.0f} txns/s), {bt / et:.2f}x the baseline's decode rate")
+        if a.profile:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+            run_ours(settings, start)
+            prof.disable()
+            st = pstats.Stats(prof)
+            total = sum(v[2] for v in st.stats.values())  # type: ignore[attr-defined]
+            print()
+            print("| top frames of the native decode-only run (own time) | share |")
+            print("|---|---|")
+            rows_ = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:15]  # type: ignore[attr-defined]
+            native = [kv for kv in st.stats.items()  # type: ignore[attr-defined]
+                      if ("RowDecoder" in kv[0][2] or "MergeFromString" in kv[0][2]
+                          or kv[0][0].endswith("types.py") and kv[0][2] == "decode")
+                      and kv not in rows_]
+            for (file, line, func), v in rows_ + native:
+                where = f"{Path(file).name}:{line}" if line else file
+                print(f"| `{func}` ({where}) | {100 * v[2] / total:.1f}% |")
         print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
               f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, "
               f"date {time.strftime('%Y-%m-%d')}, best of {a.repeat}")

@@ -280,40 +280,26 @@ class Assembler:
         if ev.number_of_columns != dec.ncols:
             raise UndecodableRow(f"{dec.where}: rows event has {ev.number_of_columns} columns, its "
                                  f"TableMap {dec.ncols} ({self.where()})")
-        changes: list[pb.RowChange] = []
-        pos, n = 0, len(body)
-        row = dec.row
-        try:
-            if isinstance(ev, UpdateRowsEvent):
-                dec.check_present(ev.columns_present_bitmap, "before")
-                dec.check_present(ev.columns_present_bitmap2, "after")
-                while pos < n:
-                    before, pos = row(body, pos)
-                    after, pos = row(body, pos)
-                    changes.append(pb.RowChange(tp=pb.UPDATE, before=before, after=after))
-            elif isinstance(ev, WriteRowsEvent):
-                dec.check_present(ev.columns_present_bitmap, "inserted")
-                while pos < n:
-                    after, pos = row(body, pos)
-                    changes.append(pb.RowChange(tp=pb.INSERT, after=after))
-            else:
-                dec.check_present(ev.columns_present_bitmap, "deleted")
-                while pos < n:
-                    before, pos = row(body, pos)
-                    changes.append(pb.RowChange(tp=pb.DELETE, before=before))
-        except (IndexError, ValueError) as e:
-            raise UndecodableRow(f"{dec.where}: row image does not match its TableMap at byte "
-                                 f"{pos} ({self.where()}): {e}") from None
-        if pos != n:
-            raise UndecodableRow(f"{dec.where}: row images end at byte {pos} of {n} ({self.where()})")
-        info = entry.info
-        muts = t.mutations
-        if muts and muts[-1].table_id == entry.table_id:
-            muts[-1].changes.extend(changes)
+        if isinstance(ev, UpdateRowsEvent):
+            dec.check_present(ev.columns_present_bitmap, "before")
+            dec.check_present(ev.columns_present_bitmap2, "after")
+            tp = pb.UPDATE
+        elif isinstance(ev, WriteRowsEvent):
+            dec.check_present(ev.columns_present_bitmap, "inserted")
+            tp = pb.INSERT
         else:
+            dec.check_present(ev.columns_present_bitmap, "deleted")
+            tp = pb.DELETE
+        try:
+            # One native call per event: the RowChanges' protobuf bytes, every byte consumed.
+            changes, _ = dec.decode(body, tp)
+        except UndecodableRow as e:
+            raise UndecodableRow(f"{e} ({self.where()})") from None
+        muts = t.mutations
+        if not (muts and muts[-1].table_id == entry.table_id):
             muts.append(pb.TableMutation(table_id=entry.table_id, schema_name=entry.db,
-                                         table_name=entry.table, table_version=info.version,
-                                         changes=changes))
+                                         table_name=entry.table, table_version=entry.info.version))
+        muts[-1].MergeFromString(changes)
 
     def _query(self, ev: Any) -> SourceTxn | None:
         q = ev.query.strip()

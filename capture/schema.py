@@ -26,7 +26,7 @@ from pymysqlreplication.constants import CHARSET
 from pymysqlreplication.constants import FIELD_TYPE as FT
 
 from sluice.capture import ddl as ddlmod
-from sluice.capture.types import BinColumn, RowDecoder, UndecodableRow, compile_column
+from sluice.capture.types import BinColumn, RowDecoder, UndecodableRow, native_spec
 from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -250,6 +250,25 @@ def _signature(info: pb.TableInfo) -> tuple:
             tuple((i.name, tuple(i.columns), i.primary, i.unique) for i in info.indexes))
 
 
+class _ShapeKey:
+    """A TableMap's column signature with its hash computed once: the key is memoised on the
+    parsed-once TableMap event, and hashing the nested tuple (a dataclass hash per column) at
+    every TableMap was a visible share of the capture's decode CPU."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _ShapeKey) and self._hash == other._hash
+                                 and self.value == other.value)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TableEntry:
     """A TableMap resolved: the table's stable id, its shape and the row decoder for it."""
@@ -269,7 +288,7 @@ class SchemaTracker:
         self.filter = table_filter
         self._models: dict[tuple[str, str], ddlmod.TableDef] = {}
         self._declared: dict[tuple[str, str], pb.TableInfo] = {}
-        self._compiled: dict[tuple, tuple[pb.TableInfo, RowDecoder]] = {}
+        self._compiled: dict[_ShapeKey, tuple[pb.TableInfo, RowDecoder]] = {}
 
     # -- state --------------------------------------------------------------------------------
 
@@ -322,10 +341,10 @@ class SchemaTracker:
             return TableEntry(tid, db, table, None, None), None
         key = getattr(event, "_sluice_key", None)
         if key is None:
-            key = (db, table, tuple((c.type, c.name, c.unsigned, getattr(c, "collation_name", None),  # type: ignore[attr-defined]
-                                     _bin_column(c), tuple(getattr(c, "enum_values", None) or ()),
-                                     tuple(getattr(c, "set_values", None) or ()))
-                                    for c in event.columns), bytes(event.null_bitmask))  # type: ignore[attr-defined]
+            key = _ShapeKey((db, table, tuple((c.type, c.name, c.unsigned, getattr(c, "collation_name", None),  # type: ignore[attr-defined]
+                                               _bin_column(c), tuple(getattr(c, "enum_values", None) or ()),
+                                               tuple(getattr(c, "set_values", None) or ()))
+                                              for c in event.columns), bytes(event.null_bitmask)))  # type: ignore[attr-defined]
             # Kept on the event: a TableMap parsed once (capture/reader.py) hands it to the
             # events of equal bodies, which then skip this signature too.
             event._sluice_key = key  # type: ignore[attr-defined]
@@ -348,7 +367,7 @@ class SchemaTracker:
             self._declared[(db, table)] = info
             to_declare = info
         where = f"{db}.{table}"
-        decoder = RowDecoder([compile_column(b, c, e, f"{where}.{c.name}")
+        decoder = RowDecoder([native_spec(b, c, e, f"{where}.{c.name}")
                               for b, c, e in zip(bins, info.columns, encs)], where)
         self._compiled[key] = (info, decoder)
         return TableEntry(tid, db, table, info, decoder), to_declare

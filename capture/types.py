@@ -1,4 +1,4 @@
-"""MySQL/MariaDB row-image values -> pb.Datum, decoded from the rows event bytes ourselves.
+"""MySQL/MariaDB row-image values -> pb.Datum, decoded natively (native/, `sluice_native`).
 
 Invariant: every value MySQL/MariaDB can store decodes to the Datum that `core.rowcodec` maps back
 to the same value: signed and unsigned extremes, exact decimals of any precision, zero dates and
@@ -9,28 +9,41 @@ Why not the values mysql-replication returns: it maps zero dates (and dates with
 None, the zero TIMESTAMP to 1970-01-01, YEAR 0000 to 1900, an empty SET to None, a SET to an
 unordered Python set, BIT to a '0101' string, and it splits a negative TIME(fsp) into a wrong
 integer and fraction. The library still frames events and parses TableMaps (including the FULL
-row metadata); this module decodes the row images from the raw event body, with one decoder per
-column compiled once per table shape.
+row metadata); the row images of a rows event are decoded by `sluice_native.RowDecoder` (Rust),
+compiled once per table shape from the column specs built here, into the protobuf bytes of the
+event's RowChanges — one call per rows event, merged into a TableMutation by protobuf's C parser.
 
-Layout references: MySQL `Field::unpack`/`my_datetime_packed_from_binary`, MariaDB
-`Field_*::unpack` (mysql56_temporal_format is the default since 10.1; the older MariaDB temporal
-formats are the legacy DATETIME/TIME/TIMESTAMP types handled below without fractions).
+Python keeps what is policy: which column is which kind (`native_spec`), the FULL-image and
+column-count checks, and the errors (`UndecodableRow`). Two column kinds are still decoded by
+Python callables the native loop calls (docs/capture.md): text in a character set other than
+utf8/utf8mb3/utf8mb4, latin1 (cp1252) and ascii, and MySQL's binary JSON (MariaDB stores JSON as
+text). The old all-Python decoder is kept in tests/support/pydecode.py as the differential
+tests' oracle only.
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
-import struct
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from typing import Any
 
 from pymysqlreplication.constants import FIELD_TYPE as FT
 
 from sluice.core.errors import InvalidArgument
 from sluice.proto import sluice_pb2 as pb
 
-# A decoder reads one non-NULL value at buf[pos:], sets it into the Datum and returns the next pos.
-Decoder = Callable[[bytes, int, pb.Datum], int]
+try:
+    import sluice_native
+except ImportError as e:   # pragma: no cover - an install without the native build
+    raise ImportError("the native core sluice_native is not built: run ./install.sh (it needs "
+                      f"cargo, the Rust toolchain): {e}") from e
+
+# A Python column decoder the native loop calls: (event body, pos) -> (Datum bytes, next pos).
+PyColumn = Callable[[bytes, int], tuple[bytes, int]]
+Spec = tuple[Any, ...]
+
+NATIVE_CHARSETS = frozenset({"utf-8", "cp1252", "ascii"})
 
 
 class UndecodableRow(InvalidArgument):
@@ -51,293 +64,37 @@ class BinColumn:
     bits: int = 0             # BIT: total bits
 
 
-_S8, _S16, _S32, _S64 = (struct.Struct(f) for f in ("<b", "<h", "<i", "<q"))
-_U16, _U32, _U64 = (struct.Struct(f) for f in ("<H", "<I", "<Q"))
-_F32, _F64 = struct.Struct("<f"), struct.Struct("<d")
-_DIG2BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)
-_from_bytes = int.from_bytes
-
-
 # ------------------------------------------------------------------------------------------------
-# integers and floating point
+# the columns still decoded in Python
 # ------------------------------------------------------------------------------------------------
 
-def _int_decoder(st: struct.Struct, unsigned: bool) -> Decoder:
-    unpack, n = st.unpack_from, st.size
-    if unsigned:
-        def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-            d.uint = unpack(buf, pos)[0]
-            return pos + n
-    else:
-        def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-            d.int = unpack(buf, pos)[0]
-            return pos + n
-    return dec
+def _read_len(buf: bytes, pos: int, length_size: int) -> tuple[int, int]:
+    end = pos + length_size
+    if end > len(buf):
+        raise UndecodableRow(f"length prefix at byte {pos} runs past the row image ({len(buf)} bytes)")
+    return int.from_bytes(buf[pos:end], "little"), end
 
 
-def _u8(buf: bytes, pos: int, d: pb.Datum) -> int:
-    d.uint = buf[pos]
-    return pos + 1
-
-
-def _int24(unsigned: bool) -> Decoder:
-    if unsigned:
-        def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-            d.uint = _from_bytes(buf[pos:pos + 3], "little")
-            return pos + 3
-    else:
-        def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-            d.int = _from_bytes(buf[pos:pos + 3], "little", signed=True)
-            return pos + 3
-    return dec
-
-
-def _float_decoder(st: struct.Struct) -> Decoder:
-    unpack, n = st.unpack_from, st.size
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        # FLOAT travels as the exact float32 value widened to a double: writing it back into a
-        # FLOAT column gives the same bits, which a decimal rounding could not promise.
-        d.double = unpack(buf, pos)[0]
-        return pos + n
-    return dec
-
-
-def _year(buf: bytes, pos: int, d: pb.Datum) -> int:
-    b = buf[pos]
-    d.int = b + 1900 if b else 0   # YEAR 0000 is stored as 0, not as 1900
-    return pos + 1
-
-
-# ------------------------------------------------------------------------------------------------
-# decimals
-# ------------------------------------------------------------------------------------------------
-
-def _decimal_decoder(precision: int, scale: int) -> Decoder:
-    intg = precision - scale
-    intg0, intg0x = divmod(intg, 9)
-    frac0, frac0x = divmod(scale, 9)
-    lead = _DIG2BYTES[intg0x]
-    tail = _DIG2BYTES[frac0x]
-    size = lead + intg0 * 4 + frac0 * 4 + tail
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        raw = bytearray(buf[pos:pos + size])
-        negative = not raw[0] & 0x80
-        raw[0] ^= 0x80
-        if negative:
-            raw = bytearray(b ^ 0xFF for b in raw)
-        p = lead
-        ip = _from_bytes(raw[:lead], "big") if lead else 0
-        for _ in range(intg0):
-            ip = ip * 1_000_000_000 + _from_bytes(raw[p:p + 4], "big")
-            p += 4
-        text = f"-{ip}" if negative else str(ip)
-        if scale:
-            parts = []
-            for _ in range(frac0):
-                parts.append(f"{_from_bytes(raw[p:p + 4], 'big'):09d}")
-                p += 4
-            if tail:
-                parts.append(f"{_from_bytes(raw[p:p + tail], 'big'):0{frac0x}d}")
-            text += "." + "".join(parts)
-        d.decimal = text
-        return pos + size
-    return dec
-
-
-# ------------------------------------------------------------------------------------------------
-# temporals
-# ------------------------------------------------------------------------------------------------
-
-def _frac_reader(fsp: int) -> tuple[int, int]:
-    """(bytes, multiplier to microseconds) of the fractional part for a given precision."""
-    n = (fsp + 1) // 2
-    return n, (1, 10_000, 100, 1)[n]
-
-
-def _date(buf: bytes, pos: int, d: pb.Datum) -> int:
-    v = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
-    dt = d.datetime
-    dt.year, dt.month, dt.day = v >> 9, (v >> 5) & 15, v & 31
-    return pos + 3
-
-
-def _datetime2(fsp: int) -> Decoder:
-    fn, mul = _frac_reader(fsp)
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        v = _from_bytes(buf[pos:pos + 5], "big") - 0x8000000000
-        ymd, hms = v >> 17, v & 0x1FFFF
-        ym = ymd >> 5
-        dt = d.datetime
-        dt.year, dt.month, dt.day = ym // 13, ym % 13, ymd & 31
-        dt.hour, dt.minute, dt.second = hms >> 12, (hms >> 6) & 63, hms & 63
-        if fn:
-            dt.microsecond = _from_bytes(buf[pos + 5:pos + 5 + fn], "big") * mul
-        # Setting a zero sub-message field still marks the oneof: '0000-00-00 00:00:00' stays a
-        # datetime, never a NULL.
-        return pos + 5 + fn
-    return dec
-
-
-def _timestamp2(fsp: int) -> Decoder:
-    fn, mul = _frac_reader(fsp)
-    gmtime = time.gmtime
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        secs = _from_bytes(buf[pos:pos + 4], "big")
-        us = _from_bytes(buf[pos + 4:pos + 4 + fn], "big") * mul if fn else 0
-        dt = d.datetime
-        if secs or us:
-            t = gmtime(secs)
-            dt.year, dt.month, dt.day = t.tm_year, t.tm_mon, t.tm_mday
-            dt.hour, dt.minute, dt.second, dt.microsecond = t.tm_hour, t.tm_min, t.tm_sec, us
-        else:
-            dt.SetInParent()   # the zero TIMESTAMP '0000-00-00 00:00:00'
-        return pos + 4 + fn
-    return dec
-
-
-def _time2(fsp: int) -> Decoder:
-    fn = (fsp + 1) // 2
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        # my_time_packed_from_binary: the integer part and the fraction form one signed number
-        # (intpart << 24 | microseconds); a negative value with a fraction borrows from intpart.
-        if fn == 3:
-            packed = _from_bytes(buf[pos:pos + 6], "big") - 0x800000000000
-        else:
-            intpart = _from_bytes(buf[pos:pos + 3], "big") - 0x800000
-            if fn == 0:
-                frac = 0
-            else:
-                frac = _from_bytes(buf[pos + 3:pos + 3 + fn], "big")
-                if intpart < 0 and frac:
-                    intpart += 1
-                    frac -= 0x100 if fn == 1 else 0x10000
-                frac *= 10_000 if fn == 1 else 100
-            packed = (intpart << 24) + frac
-        t = d.time
-        if packed < 0:
-            t.negative = True
-            packed = -packed
-        hms, us = packed >> 24, packed & 0xFFFFFF
-        t.hours, t.minutes, t.seconds, t.microseconds = (hms >> 12) & 0x3FF, (hms >> 6) & 63, hms & 63, us
-        if not packed:
-            t.SetInParent()
-        return pos + 3 + fn
-    return dec
-
-
-def _legacy_datetime(buf: bytes, pos: int, d: pb.Datum) -> int:
-    v = _U64.unpack_from(buf, pos)[0]
-    date, tod = divmod(v, 1_000_000)
-    dt = d.datetime
-    dt.year, dt.month, dt.day = date // 10000, (date // 100) % 100, date % 100
-    dt.hour, dt.minute, dt.second = tod // 10000, (tod // 100) % 100, tod % 100
-    dt.SetInParent()
-    return pos + 8
-
-
-def _legacy_timestamp(buf: bytes, pos: int, d: pb.Datum) -> int:
-    secs = _U32.unpack_from(buf, pos)[0]
-    dt = d.datetime
-    if secs:
-        t = time.gmtime(secs)
-        dt.year, dt.month, dt.day = t.tm_year, t.tm_mon, t.tm_mday
-        dt.hour, dt.minute, dt.second = t.tm_hour, t.tm_min, t.tm_sec
-    else:
-        dt.SetInParent()
-    return pos + 4
-
-
-def _legacy_time(buf: bytes, pos: int, d: pb.Datum) -> int:
-    v = _from_bytes(buf[pos:pos + 3], "little", signed=True)
-    t = d.time
-    if v < 0:
-        t.negative, v = True, -v
-    t.hours, t.minutes, t.seconds = v // 10000, (v // 100) % 100, v % 100
-    t.SetInParent()
-    return pos + 3
-
-
-# ------------------------------------------------------------------------------------------------
-# strings, blobs, enum/set, bit, json
-# ------------------------------------------------------------------------------------------------
-
-def _prefixed(length_size: int) -> Callable[[bytes, int], tuple[int, int]]:
-    """Reader of a little-endian length prefix of `length_size` bytes: (length, start)."""
-    if length_size == 1:
-        return lambda buf, pos: (buf[pos], pos + 1)
-    if length_size == 2:
-        return lambda buf, pos: (buf[pos] | buf[pos + 1] << 8, pos + 2)
-    return lambda buf, pos: (_from_bytes(buf[pos:pos + length_size], "little"), pos + length_size)
-
-
-def _text_decoder(length_size: int, encoding: str, kind: str, where: str) -> Decoder:
-    read_len = _prefixed(length_size)
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        n, start = read_len(buf, pos)
+def _text_column(length_size: int, encoding: str, kind: str, where: str) -> PyColumn:
+    """Text in a character set the native core does not decode (gbk, ucs2, ...)."""
+    def dec(buf: bytes, pos: int) -> tuple[bytes, int]:
+        n, start = _read_len(buf, pos, length_size)
         end = start + n
+        if end > len(buf):
+            raise UndecodableRow(f"{where}: value at byte {start} runs past the row image")
         try:
             text = buf[start:end].decode(encoding)
         except UnicodeDecodeError as e:
             raise UndecodableRow(f"{where}: value is not valid {encoding}: {e}") from None
+        d = pb.Datum()
         setattr(d, kind, text)
-        return end
+        return d.SerializeToString(), end
     return dec
 
 
-def _bytes_decoder(length_size: int, pad_to: int = 0) -> Decoder:
-    read_len = _prefixed(length_size)
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        n, start = read_len(buf, pos)
-        end = start + n
-        v = buf[start:end]
-        if pad_to and n < pad_to:
-            # BINARY(n) is stored right-padded with 0x00 and logged with the padding stripped.
-            v = v + b"\x00" * (pad_to - n)
-        d.bytes = v
-        return end
-    return dec
-
-
-def _enum_decoder(size: int, elements: Sequence[str]) -> Decoder:
-    members = ("",) + tuple(elements)   # index 0 is the '' MySQL stores for an invalid value
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        i = buf[pos] if size == 1 else buf[pos] | buf[pos + 1] << 8
-        d.str = members[i] if i < len(members) else ""
-        return pos + size
-    return dec
-
-
-def _set_decoder(size: int, elements: Sequence[str]) -> Decoder:
-    members = tuple(elements)
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        mask = _from_bytes(buf[pos:pos + size], "little")
-        d.str = ",".join(m for i, m in enumerate(members) if mask >> i & 1)
-        return pos + size
-    return dec
-
-
-def _bit_decoder(bits: int) -> Decoder:
-    n = (bits + 7) // 8
-
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        d.bytes = buf[pos:pos + n]
-        return pos + n
-    return dec
-
-
-def _mysql_json_decoder(length_size: int) -> Decoder:
+def _mysql_json_column(length_size: int, where: str) -> PyColumn:
     """MySQL's binary JSON (experimental: MariaDB stores JSON as text, see docs/capture.md)."""
     from pymysqlreplication.json_binary import parse_json
-    read_len = _prefixed(length_size)
 
     def plain(v: object) -> object:
         if isinstance(v, bytes):
@@ -348,13 +105,15 @@ def _mysql_json_decoder(length_size: int) -> Decoder:
             return [plain(x) for x in v]
         return v
 
-    def dec(buf: bytes, pos: int, d: pb.Datum) -> int:
-        n, start = read_len(buf, pos)
+    def dec(buf: bytes, pos: int) -> tuple[bytes, int]:
+        n, start = _read_len(buf, pos, length_size)
         end = start + n
+        if end > len(buf):
+            raise UndecodableRow(f"{where}: value at byte {start} runs past the row image")
         raw = buf[start:end]
-        d.json = json.dumps(plain(parse_json(raw[0], raw[1:])), separators=(",", ":"),
-                            ensure_ascii=False) if n else "null"
-        return end
+        text = json.dumps(plain(parse_json(raw[0], raw[1:])), separators=(",", ":"),
+                          ensure_ascii=False) if n else "null"
+        return pb.Datum(json=text).SerializeToString(), end
     return dec
 
 
@@ -362,93 +121,90 @@ def _mysql_json_decoder(length_size: int) -> Decoder:
 # compile
 # ------------------------------------------------------------------------------------------------
 
-_INTS = {FT.TINY: (_S8, None), FT.SHORT: (_S16, _U16), FT.LONG: (_S32, _U32),
-         FT.LONGLONG: (_S64, _U64)}
+_INT_SIZES = {FT.TINY: 1, FT.SHORT: 2, FT.INT24: 3, FT.LONG: 4, FT.LONGLONG: 8}
+_TEMPORAL = {FT.DATETIME2: "datetime2", FT.TIMESTAMP2: "timestamp2", FT.TIME2: "time2"}
+_LEGACY = {FT.DATETIME: "datetime", FT.TIMESTAMP: "timestamp", FT.TIME: "time"}
 
 
-def compile_column(b: BinColumn, col: pb.ColumnInfo, encoding: str | None, where: str) -> Decoder:
-    """The decoder of one column; `encoding` is the Python codec of a text column, None for binary."""
-    t = b.type
-    if t == FT.TINY:
-        return _u8 if col.unsigned else _int_decoder(_S8, False)
-    if t in _INTS:
-        signed_st, unsigned_st = _INTS[t]
-        return _int_decoder(unsigned_st if col.unsigned else signed_st, col.unsigned)
-    if t == FT.INT24:
-        return _int24(col.unsigned)
+def _text_spec(name: str, length_size: int, encoding: str, col: pb.ColumnInfo, where: str) -> Spec:
+    kind = "json" if col.data_type == "json" else "str"
+    codec = codecs.lookup(encoding).name
+    if codec in NATIVE_CHARSETS:
+        return (name, "text", length_size, codec, kind == "json")
+    return (name, "py", _text_column(length_size, encoding, kind, where))
+
+
+def native_spec(b: BinColumn, col: pb.ColumnInfo, encoding: str | None, where: str) -> Spec:
+    """The native core's spec of one column (see native/src/lib.rs `RowDecoder::new`);
+    `encoding` is the Python codec of a text column, None for binary."""
+    t, name = b.type, col.name
+    if t in _INT_SIZES:
+        return (name, "int", _INT_SIZES[t], bool(col.unsigned))
     if t == FT.FLOAT:
-        return _float_decoder(_F32)
+        # FLOAT travels as the exact float32 value widened to a double: writing it back into a
+        # FLOAT column gives the same bits, which a decimal rounding could not promise.
+        return (name, "float")
     if t == FT.DOUBLE:
-        return _float_decoder(_F64)
+        return (name, "double")
     if t == FT.NEWDECIMAL:
-        return _decimal_decoder(b.precision, b.decimals)
+        return (name, "decimal", b.precision, b.decimals)
     if t == FT.YEAR:
-        return _year
+        return (name, "year")
     if t == FT.DATE or t == FT.NEWDATE:
-        return _date
-    if t == FT.DATETIME2:
-        return _datetime2(b.fsp)
-    if t == FT.TIMESTAMP2:
-        return _timestamp2(b.fsp)
-    if t == FT.TIME2:
-        return _time2(b.fsp)
-    if t == FT.DATETIME:
-        return _legacy_datetime
-    if t == FT.TIMESTAMP:
-        return _legacy_timestamp
-    if t == FT.TIME:
-        return _legacy_time
+        return (name, "date")
+    if t in _TEMPORAL:
+        return (name, _TEMPORAL[t], b.fsp)
+    if t in _LEGACY:
+        return (name, _LEGACY[t])
     if t in (FT.VARCHAR, FT.VAR_STRING, FT.STRING):
         ls = 2 if b.max_length > 255 else 1
         if encoding is None:
-            return _bytes_decoder(ls, pad_to=b.max_length if t == FT.STRING else 0)
-        return _text_decoder(ls, encoding, "json" if col.data_type == "json" else "str", where)
+            # BINARY(n) is stored right-padded with 0x00 and logged with the padding stripped.
+            return (name, "bytes", ls, b.max_length if t == FT.STRING else 0)
+        return _text_spec(name, ls, encoding, col, where)
     if t == FT.BLOB:
         if encoding is None:
-            return _bytes_decoder(b.length_size)
-        return _text_decoder(b.length_size, encoding,
-                             "json" if col.data_type == "json" else "str", where)
+            return (name, "bytes", b.length_size, 0)
+        return _text_spec(name, b.length_size, encoding, col, where)
     if t == FT.ENUM:
-        return _enum_decoder(b.size, col.elements)
+        return (name, "enum", b.size, list(col.elements))
     if t == FT.SET:
-        return _set_decoder(b.size, col.elements)
+        return (name, "set", b.size, list(col.elements))
     if t == FT.BIT:
-        return _bit_decoder(b.bits)
+        return (name, "bit", b.bits)
     if t == FT.GEOMETRY:
-        return _bytes_decoder(b.length_size)
+        return (name, "bytes", b.length_size, 0)
     if t == FT.JSON:
-        return _mysql_json_decoder(b.length_size)
+        return (name, "py", _mysql_json_column(b.length_size, where))
     raise UndecodableRow(f"{where}: column type code {t} is not supported")
 
 
 class RowDecoder:
     """Decodes the row images of one table shape (all columns, FULL row image)."""
 
-    __slots__ = ("decoders", "ncols", "where")
+    __slots__ = ("native", "ncols", "where", "_full")
 
-    def __init__(self, decoders: list[Decoder], where: str) -> None:
-        self.decoders = decoders
-        self.ncols = len(decoders)
+    def __init__(self, specs: list[Spec], where: str) -> None:
+        try:
+            self.native = sluice_native.RowDecoder(specs)
+        except ValueError as e:
+            raise UndecodableRow(f"{where}: {e}") from None
+        self.ncols = len(specs)
         self.where = where
+        n = self.ncols
+        self._full = bytes([0xFF]) * (n // 8) + (bytes([(1 << (n % 8)) - 1]) if n % 8 else b"")
 
     def check_present(self, bitmap: bytes, what: str) -> None:
         """FULL row image: every column present. Anything else would decode to wrong columns."""
-        n = self.ncols
-        full = bytes([0xFF]) * (n // 8) + (bytes([(1 << (n % 8)) - 1]) if n % 8 else b"")
-        if bitmap != full:
+        if bitmap != self._full:
             raise UndecodableRow(f"{self.where}: {what} row image does not hold every column "
                                  "(binlog_row_image must be FULL)")
 
-    def row(self, buf: bytes, pos: int) -> tuple[pb.Row, int]:
-        row = pb.Row()
-        add = row.columns.add
-        nb = (self.ncols + 7) >> 3
-        nulls = buf[pos:pos + nb]
-        pos += nb
-        for i, dec in enumerate(self.decoders):
-            d = add()
-            if nulls[i >> 3] >> (i & 7) & 1:
-                d.null = True
-            else:
-                pos = dec(buf, pos, d)
-        return row, pos
+    def decode(self, body: bytes, tp: int) -> tuple[bytes, int]:
+        """The row images of one rows event -> (bytes of `repeated RowChange`, i.e. what
+        `TableMutation.MergeFromString` appends to its changes; number of changes).
+        `tp` is pb.INSERT (after images), pb.UPDATE (before/after pairs) or pb.DELETE."""
+        try:
+            return self.native.decode(body, tp)
+        except sluice_native.DecodeError as e:
+            raise UndecodableRow(f"{self.where}: {e}") from None

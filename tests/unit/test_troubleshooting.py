@@ -20,6 +20,7 @@ PLACEHOLDER = re.compile(r"<[^<>]+>")
 # therefore checked piece by piece between placeholders and ": " joints.
 JOINT = re.compile(r": ")
 MIN_PIECE = 3
+RUST_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
 def _render(node: ast.AST) -> str | None:
@@ -44,6 +45,9 @@ def code_strings() -> tuple[str, ...]:
                 text = _render(node)
                 if text:
                     out.append(text)
+    # The native core's messages (native/src, Rust string literals) reach users too.
+    for path in sorted((REPO / "native" / "src").rglob("*.rs")):
+        out.extend(m.group(1) for m in RUST_STRING.finditer(path.read_text()))
     return tuple(out)
 
 
