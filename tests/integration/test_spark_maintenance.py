@@ -36,7 +36,7 @@ from tests.support.rows import Table, col, prewrite_value, schema_txn, txn
 from tests.support.spark import (SparkEnv, child_env, drive, make_sink, pyiceberg_catalog,  # noqa: F401
                                  reader_argv, run, spark_env)
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
 T0 = 1 << 40
 ACCT = Table(451, "bank", "acct", [col("id", "int(11)", nullable=False), col("bal", "int(11)"),
@@ -153,12 +153,12 @@ def test_readers_see_consistent_snapshots_while_maintenance_compacts_and_expires
     try:
         # The reader JVM's start overlaps nothing useful: wait for its first answers, so its
         # rounds run across the commits and maintenance passes.
-        wait_until(lambda: out.exists() and len(out.read_text().splitlines()) >= 2, 240, 0.5,
+        wait_until(lambda: out.exists() and len(out.read_text().splitlines()) >= 2, 700, 0.5,
                    what="the reader JVM's first answers")
         for chunk in batches[1:]:
             run(drive(sink, chunk, schema))
         stop.touch()
-        reader.wait(180)
+        reader.wait(400)
     finally:
         py.stop.set()
         py.join(60)
@@ -214,4 +214,32 @@ def test_readers_see_consistent_snapshots_while_maintenance_compacts_and_expires
                     cat.load_table("mt_bank.acct_changelog").scan(
                         selected_fields=("_commit_ts", "_seq", "_op", "id", "bal")).to_arrow().to_pylist())
     assert py_log == spark_log and len(spark_log) == log_at[max(log_at)]
+    run(sink.close())
+
+
+def test_a_database_named_like_the_catalog_commits_and_maintains(
+        spark_env: SparkEnv, caplog: pytest.LogCaptureFixture) -> None:
+    """The defaults name the meta database like the catalog ("sluice"): the marker table's
+    publish (fast_forward) and its maintenance procedures must name it fully qualified, or
+    `sluice._sluice_commits` resolves to catalog `sluice`, table `_sluice_commits` (not found)
+    and every batch fails at its marker."""
+    from sluice.drainer.sink import load_sink
+    from sluice.spark_sink.config import SparkSinkConfig
+    env = spark_env
+    cfg = SparkSinkConfig(master=env.session_cfg.master, warehouse=env.warehouse,
+                          shuffle_partitions=2, meta_database=env.session_cfg.catalog,
+                          database="cn_{schema}", batch_rows=100_000, batch_interval=3600.0,
+                          maintenance_every=1, snapshot_retention=0.0, retain_snapshots=1)
+    schema = SchemaHistory()
+    sink = load_sink("spark", cfg, schema=schema, source_name="src", spark=env.spark)
+    batches, _ = workload()
+    caplog.set_level(logging.INFO, logger="sluice.spark_sink")
+    run(sink.open(Checkpoint(0)))
+    for chunk in batches[:3]:
+        run(drive(sink, chunk, schema))
+    assert sink.checkpoint().sink_state["batch"] == 3
+    marks = env.rows(f"SELECT batch FROM {cfg.catalog}.{cfg.meta_database}._sluice_commits ORDER BY batch")
+    assert [r[0] for r in marks] == [1, 2, 3]
+    assert not [r for r in caplog.records if "maintenance failed" in r.getMessage()]
+    assert env.rows("SELECT count(*), sum(bal) FROM cn_bank.acct")[0] == (ACCOUNTS + 2 * PER_BATCH, TOTAL)
     run(sink.close())
