@@ -103,7 +103,8 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
             code = finish(p, logs / f"{n}.log", 600)
             assert code == (-signal.SIGKILL if n == MID else 137), (logs / f"{n}.log").read_text()[-3000:]
             state = json.loads((env.workdir / "state" / f"{n}.json").read_text())
-            assert state["sink_state"]["batch"] == 1, n  # batch 1 committed and checkpointed
+            # Batch 1 committed and checkpointed (the SIGKILL may come after batch 2's too).
+            assert state["sink_state"]["batch"] in ((1, 2) if n == MID else (1,)), (n, state)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -125,12 +126,13 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
         # The restarted sink's checkpoint is the marker table's last batch, not the drainer's.
         assert r["committed"] == cts and r["open_state"]["batch"] == batch, (n, r, markers[n])
         assert r["done"] == last_ts, r
-        if batch == 2:
+        if r["committed"] > r["start"]:
             # The marker is the truth: batch 2 committed after the drainer's checkpoint, so the
             # restart is handed its transactions again and skips every one of them.
-            assert r["committed"] > r["start"] and r["skipped"] == CHUNK, r
+            assert batch == 2 and r["skipped"] == CHUNK, r
         else:
             assert r["committed"] == r["start"] and r["skipped"] == 0, r
+    assert by_name["fam"]["committed"] > by_name["fam"]["start"]
 
     want_changes = sorted(expected_changes(txns, history_of(txns)))
     for n in procs:

@@ -34,7 +34,7 @@ from tests.support.procs import wait_until
 from tests.support.spark import (child_env, main_ancestry, pyiceberg_catalog, spark_sql_argv,
                                  summary_of)
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
 PUMPS = ["pump-1", "pump-2"]
 TABLES = 3

@@ -25,7 +25,7 @@ from tests.support.rows import RandomWorkload
 from tests.support.spark import (SparkEnv, drive, expected_changes, expected_rows, history,
                                  make_sink, run, view_rows)
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
 T0 = 1 << 40
 
@@ -56,7 +56,7 @@ def standalone_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEn
         master = java("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
                       str(port), "--webui-port", "0", log=work / "master.log", home=home)
         procs.append(master)
-        wait_until(lambda: port_open(port) or master.poll() is not None, 120, 0.2,
+        wait_until(lambda: port_open(port) or master.poll() is not None, 300, 0.2,
                    what="the Spark master to listen")
         assert master.poll() is None, (work / "master.log").read_text()[-3000:]
         worker = java("org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
@@ -67,7 +67,7 @@ def standalone_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEn
         def registered() -> bool:
             assert worker.poll() is None, (work / "worker.log").read_text()[-3000:]
             return "Successfully registered with master" in (work / "worker.log").read_text()
-        wait_until(registered, 120, 0.2, what="the Spark worker to register")
+        wait_until(registered, 300, 0.2, what="the Spark worker to register")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         cfg = SessionConfig(master=f"spark://127.0.0.1:{port}", warehouse=str(work / "warehouse"),
                             shuffle_partitions=2, log_level="ERROR",
