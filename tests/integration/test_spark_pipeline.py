@@ -58,7 +58,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[C
 def spark_sql(warehouse: str, cwd: Path, *sql: str) -> list[dict]:
     """`sluice spark-sql --json` in its own process (its own JVM); the rows it printed."""
     out = subprocess.run(spark_sql_argv(warehouse, *sql), cwd=cwd, capture_output=True,
-                         text=True, timeout=300, env=child_env())
+                         text=True, timeout=900, env=child_env())
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
