@@ -35,6 +35,19 @@ def pyspark_home() -> str:
     return os.path.dirname(pyspark.__file__)
 
 
+def spark_home(work: Path) -> str:
+    """A SPARK_HOME for the worker: pyspark's jars plus the RELEASE marker. The worker builds
+    each executor's classpath from `$SPARK_HOME/jars` only when `$SPARK_HOME/RELEASE` exists
+    (else it looks for a source build: "Cannot find any build directories"); pyspark's own
+    directory has the jars but no RELEASE file."""
+    home = work / "spark-home"
+    home.mkdir(exist_ok=True)
+    (home / "RELEASE").write_text("Spark from pyspark (sluice test)\n")
+    if not (home / "jars").exists():
+        (home / "jars").symlink_to(Path(pyspark_home()) / "jars")
+    return str(home)
+
+
 def java(cls: str, *args: str, log: Path, home: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1", "TZ": "UTC",
            "PYSPARK_PYTHON": sys.executable}
@@ -48,7 +61,7 @@ def standalone_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEn
     from sluice.spark_sink.config import SessionConfig
     from sluice.spark_sink.session import session
     work = tmp_path_factory.mktemp("standalone")
-    home = pyspark_home()
+    home = spark_home(work)
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     spark = None
