@@ -36,7 +36,7 @@ from tests.support.rows import Table, col, prewrite_value, schema_txn, txn
 from tests.support.spark import (SparkEnv, child_env, drive, make_sink, pyiceberg_catalog,  # noqa: F401
                                  reader_argv, run, spark_env)
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1500)]
 
 T0 = 1 << 40
 ACCT = Table(451, "bank", "acct", [col("id", "int(11)", nullable=False), col("bal", "int(11)"),
