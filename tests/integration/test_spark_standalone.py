@@ -35,22 +35,12 @@ def pyspark_home() -> str:
     return os.path.dirname(pyspark.__file__)
 
 
-def spark_home(work: Path) -> str:
-    """A SPARK_HOME for the worker: pyspark's jars plus the RELEASE marker. The worker builds
-    each executor's classpath from `$SPARK_HOME/jars` only when `$SPARK_HOME/RELEASE` exists
-    (else it looks for a source build: "Cannot find any build directories"); pyspark's own
-    directory has the jars but no RELEASE file."""
-    home = work / "spark-home"
-    home.mkdir(exist_ok=True)
-    (home / "RELEASE").write_text("Spark from pyspark (sluice test)\n")
-    if not (home / "jars").exists():
-        (home / "jars").symlink_to(Path(pyspark_home()) / "jars")
-    return str(home)
-
-
 def java(cls: str, *args: str, log: Path, home: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1", "TZ": "UTC",
-           "PYSPARK_PYTHON": sys.executable}
+    # The worker builds each executor's command with Spark's launcher, which needs the Scala
+    # version: from a source build's directories, or this variable (pyspark has no build dirs:
+    # "Cannot find any build directories" for every executor otherwise).
+    env = {**os.environ, "SPARK_HOME": home, "SPARK_SCALA_VERSION": "2.13",
+           "SPARK_LOCAL_IP": "127.0.0.1", "TZ": "UTC", "PYSPARK_PYTHON": sys.executable}
     with log.open("w") as f:
         return subprocess.Popen(["java", "-Xmx512m", "-cp", f"{home}/jars/*", cls, *args],
                                 env=env, stdout=f, stderr=subprocess.STDOUT)
@@ -61,7 +51,7 @@ def standalone_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEn
     from sluice.spark_sink.config import SessionConfig
     from sluice.spark_sink.session import session
     work = tmp_path_factory.mktemp("standalone")
-    home = spark_home(work)
+    home = pyspark_home()
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     spark = None
