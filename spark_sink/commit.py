@@ -111,10 +111,9 @@ class Publisher:
         with cat.commit_properties(summary.props()):
             write(cat.ident(db, table, self.branch))
         try:
-            # Catalog-qualified: with the default meta-database "sluice" equal to the default
-            # catalog name, 'sluice._sluice_commits' would be read as catalog.table.
-            rows = cat.sql(f"CALL {cat.name}.system.fast_forward("
-                           f"{sql_str(f'{cat.name}.{db}.{table}')}, "
+            # The table fully qualified: `db.table` alone names catalog `db` when the database
+            # is called like the catalog (the default meta-database "sluice").
+            rows = cat.sql(f"CALL {cat.name}.system.fast_forward({sql_str(cat.ident(db, table))}, "
                            f"'main', {sql_str(self.branch)})").collect()
         except Exception as e:
             if "not an ancestor" not in str(e):

@@ -1,7 +1,7 @@
 """`sluice spark-sql "SELECT ..."`: run Spark SQL against the Sluice tables and print the result.
 
-The session uses the same metastore settings as the sink (`--config` with the drainer's `[to]`
-table, or `--metastore host:port`), so it reads exactly what the sink committed.
+The session uses the same catalog settings as the sink (`--config` with the drainer's `[to]`
+table, or `--warehouse DIR` for the embedded catalog), so it reads exactly what the sink committed.
 
 `--as-of COMMIT_TS` (time travel): every table of the sink's meta database becomes a temporary
 view of its state as of that commit_ts, named as the table (`accounts`) and as
@@ -29,8 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sql", nargs="+", help="SQL statement(s); each argument is run in order, the "
                    "last one's result is printed")
     p.add_argument("--config", "-c", help="drainer TOML file: the session settings are read from "
-                   "its [to] table (master, metastore, spark-conf, ...)")
-    p.add_argument("--metastore", help="host:port of the Derby network server (overrides --config)")
+                   "its [to] table (master, warehouse, catalog, spark-conf, ...)")
+    p.add_argument("--warehouse", help="the Iceberg warehouse directory or URI (overrides --config; "
+                   "its embedded catalog, `<warehouse>/catalog.db`, is read)")
     p.add_argument("--master", help="Spark master (default local[*])")
     p.add_argument("--json", action="store_true", help="print one JSON object per row")
     p.add_argument("--limit", type=int, default=1000, help="rows to print at most (default 1000)")
@@ -61,8 +62,8 @@ def _session_config(args: argparse.Namespace) -> SessionConfig:
         to = _to_table(args)
         fields = {_config.field_key(f) for f in SessionConfig.__dataclass_fields__}
         data = {k: v for k, v in to.items() if k in fields}
-    if args.metastore:
-        data["metastore"] = args.metastore
+    if args.warehouse:
+        data["warehouse"] = args.warehouse
     if args.master:
         data["master"] = args.master
     data.setdefault("log-level", "ERROR")

@@ -2,7 +2,8 @@
 in turn every process kind killed, frozen, paused, taken offline or starved of disk.
 
 Cluster: etcd, two TSOs, three pumps (replicas 1), MariaDB source + `sluice capture`, a Spark
-drainer with a standby (HA, one name, Derby metastore) and a MySQL drainer into a second MariaDB.
+drainer with a standby (HA, one name, Iceberg tables in the embedded catalog) and a MySQL drainer
+into a second MariaDB.
 While the workload runs (inserts, updates, deletes and primary-key changes over four tables):
  1. kill -9 a pump, restart it;
  2. kill -9 the MySQL drainer at a random moment, then at `mysql-sink-after-commit`, restart;
@@ -10,7 +11,8 @@ While the workload runs (inserts, updates, deletes and primary-key changes over 
  4. kill -9 the capture at a random moment, then at its group failpoint, restart;
  5. kill -9 the TSO leader;
  6. SIGSTOP the active Spark drainer past its TTL: the other takes over; after SIGCONT the stale
-    one writes nothing (no file of its epoch appears) and exits fenced;
+    one commits nothing (no snapshot of its epoch on any table's main after the new epoch's fence
+    snapshot) and exits fenced;
  7. pause a pump and resume it; take a pump offline (`sluice ctl offline-pump`);
  8. trip a pump's disk threshold (`pump-disk-full`): its writes are refused, the capture fails
     over to the other pumps; then clear it (restart without the failpoint).
@@ -38,14 +40,13 @@ import pytest
 
 from sluice.core.registry import NodeKind
 from sluice.core.tso_client import read_leader
-from sluice.spark_sink.metastore import DerbyServer
 from tests.support.capture import assert_exactly_once, assert_same_rows, gtid_pos, gtid_range
 from tests.support.cluster import Cluster
 from tests.support.mariadb import MariaDBServer
 from tests.support.matrix import (EXIT_FENCED, MYSQL, PUMPS, SCHEMA, SPARK, SPARK_START_S, TABLES,
-                                  Matrix, changelog_keys, duplicates, seed_from_env, spark_rows)
-from tests.support.procs import free_port, wait_until
-from tests.support.spark import release_metastore_thread, session_config
+                                  Matrix, changelog_keys, duplicates, seed_from_env, spark_rows,
+                                  stale_commits_after_fence)
+from tests.support.procs import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.mariadb]
 
@@ -53,10 +54,16 @@ PACE_S = 0.05          # between source transactions (1-3 statements each): ~15 
 EARLY = (MYSQL,)       # the drainers steps 0-5 wait for (see "Spark drainer online")
 
 
-def _session(derby: DerbyServer, workdir: Path) -> Any:
+def _session(warehouse: Path) -> Any:
+    """This process's own JVM on the Spark drainer's catalog (the embedded one in its
+    warehouse), for the final comparison."""
+    from sluice.spark_sink.config import SessionConfig
     from sluice.spark_sink.session import session
-    spark = session(session_config(derby.port, workdir))
-    spark.sql("SHOW DATABASES").collect()
+    spark = session(SessionConfig(master="local[2]", warehouse=str(warehouse), log_level="ERROR",
+                                  shuffle_partitions=2,
+                                  spark_conf={"spark.driver.memory": "768m",
+                                              "spark.sql.catalog.sluice.cache-enabled": "false"}))
+    spark.sql("SHOW NAMESPACES").collect()
     return spark
 
 
@@ -67,19 +74,18 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, etcd_module,  # type: ignor
     print(f"[matrix] seed {seed} (repeat with SLUICE_MATRIX_SEED={seed})", flush=True)
     work = tmp_path_factory.mktemp("matrix")
     downstream = MariaDBServer(work / "downstream", server_id=2, binlog=False).start()
-    derby: DerbyServer | None = None
     pool = ThreadPoolExecutor(1)
     sessions: list[Future] = []
     m: Matrix | None = None
     try:
-        derby = DerbyServer(work / "derby", free_port()).start()
-        m = Matrix(work, Cluster(work, etcd_module.endpoint), mariadb_module, downstream, derby,
+        m = Matrix(work, Cluster(work, etcd_module.endpoint), mariadb_module, downstream,
                    seed, random.Random(seed))
         with m.step("start the cluster"):
             m.start(PACE_S)
 
         def start_session() -> Future:
-            sessions.append(pool.submit(_session, derby, work))
+            assert m is not None
+            sessions.append(pool.submit(_session, m.spark["spark-a"].out_dir / "warehouse"))
             return sessions[-1]
         yield m, start_session
     finally:
@@ -88,21 +94,11 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, etcd_module,  # type: ignor
         for f in sessions:
             try:
                 spark = f.result(timeout=120)
-                release_metastore_thread(spark)
                 spark.stop()
             except Exception:  # noqa: BLE001 - teardown continues
                 pass
         pool.shutdown(wait=False)
-        if derby is not None:
-            derby.stop()
         downstream.stop()
-
-
-def epoch_files(out_dir: Path, epoch: int) -> set[str]:
-    """Files of the Spark sink written under one epoch's locations."""
-    mark = f"e{epoch}"
-    return {str(p.relative_to(out_dir)) for p in out_dir.rglob("*")
-            if p.is_file() and mark in p.relative_to(out_dir).parts}
 
 
 @pytest.mark.timeout(1800)
@@ -187,7 +183,7 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
         other = next(k for k in m.spark if k != active)
         epoch = m.spark_epoch()
         standby_lines = m.spark[active].proc.log_text().count("standby at")
-        # A hot standby: its JVM and metastore client started while it waited.
+        # A hot standby: its JVM and catalog started while it waited.
         m.wait_prewarmed(m.spark[other].proc)
         time.sleep(rng.uniform(0.3, 3.0))
         m.spark[active].proc.kill9()
@@ -210,11 +206,14 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
         epoch = m.spark_epoch()
         m.wait_prewarmed(m.spark[other].proc)
         standby_lines = stale.proc.log_text().count("standby at")
+        opens = m.spark[other].proc.log_text().count("spark sink open")
         stale.proc.signal(signal.SIGSTOP)
         m.gone.add(active)
         try:
             wait_until(lambda: m.spark_epoch() > epoch, 60, 0.1, what=f"{other} to take over")
-            files = epoch_files(stale.out_dir, epoch)
+            new_epoch = m.spark_epoch()
+            # Its fence snapshots are on every table before the stale one resumes.
+            m.wait_log(m.spark[other].proc, "spark sink open", opens, SPARK_START_S)
         finally:
             stale.proc.signal(signal.SIGCONT)
         code = m.wait_exit(stale.proc, 20, "the stale Spark drainer to exit")
@@ -225,9 +224,9 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
         m.wait_log(m.spark[active].proc, "standby at", standby_lines, 60)
         m.probe("6 stale Spark drainer fenced", timeout=SPARK_START_S)
         assert m.active_spark() == other
-        # The stale epoch's locations got nothing after SIGCONT (the new active's recovery may
-        # only have removed its uncommitted files).
-        assert epoch_files(stale.out_dir, epoch) <= files, "the stale Spark drainer wrote files"
+        # The stale epoch committed nothing after the new epoch's fence, on any table.
+        bad = stale_commits_after_fence(str(stale.out_dir / "warehouse"), epoch, new_epoch)
+        assert not bad, f"snapshots of the stale epoch {epoch} after the fence of {new_epoch}: {bad}"
 
     with m.step("7 pause and resume a pump; take a pump offline"):
         paused = rng.choice(PUMPS)

@@ -1,32 +1,35 @@
 """Kill -9 the process driving the Spark sink at each step of its commit protocol; restart; compare.
 
-Issue #8 acceptance. Four sinks (one per failpoint) share one Derby metastore. Each is driven by
-its own child process (tests/support/spark_sink_driver.py, its own Spark JVM) that dies with
-exit(137) in batch 2 of 3 at:
-- `spark-after-files`            every table's parquet written, no partition registered;
-- `spark-after-some-partitions`  one table's raw partition registered, the others not;
-- `spark-before-commit`          every raw partition and the commit record written, no commit point;
-- `spark-after-commit`           the commit point passed, the drainer-style checkpoint not saved.
-The four crash children run at the same time (the module's metastore was warmed first, see
-tests/support/spark.py); then this process's own session (another JVM on the same catalog)
-restarts all four sinks from the checkpoint each persisted — a JVM start costs 20-35 s here,
-so not one more child — and checks the user-facing views.
+Issue #19 acceptance. Five sinks, one per crash point, share one Iceberg catalog (the SQLite
+file in the module's warehouse). Each is driven by its own child process
+(tests/support/spark_sink_driver.py, its own Spark JVM) whose batches touch three tables, and
+dies in batch 2 of 3:
+- `spark-between-tables`     the first table's changelog published, its current table not;
+- `spark-after-first-table`  the first table (changelog and current) published, the others not;
+- `spark-before-marker`      every table published, the `_sluice_commits` marker not;
+- `spark-after-marker`       the marker published, the drainer-style checkpoint not saved;
+- mid-write: `spark-before-commit` sleeps, then the test sends SIGKILL while the batch's
+  Iceberg commits run.
+The crash children run at the same time; then this process's own session (another JVM on the
+same catalog) restarts all five sinks from the checkpoint each persisted.
 
-Invariant (docs/spark.md, DESIGN §7): exactly once. After the restart every current-state view
+Invariant (docs/spark.md, DESIGN §7): exactly once. After the restart every current table
 equals the model, the changelogs hold every change once — no `(_commit_ts, _seq)` twice, none
-missing — and no raw partition or batch directory without a commit record remains.
+missing — and the restarted sink's checkpoint is the last batch the marker table held.
 """
 from __future__ import annotations
 
 import json
 import os
+import random
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.procs import PYTHON, REPO
+from tests.support.procs import PYTHON, REPO, wait_until
 from tests.support.rows import history_of
 from tests.support.spark import (SparkEnv, expected_changes, expected_rows, run,  # noqa: F401
                                  spark_env, view_rows)
@@ -34,20 +37,19 @@ from tests.support.spark_sink_driver import CHUNK, build, drive_one
 
 pytestmark = [pytest.mark.spark]
 
-FAILPOINTS = {  # sink name -> the failpoint that kills its driver, in batch 2
-    "fa": "spark-after-files",
-    "fp": "spark-after-some-partitions",
-    "fb": "spark-before-commit",
-    "fc": "spark-after-commit",
+EXITS = {  # sink name -> the failpoint whose exit(137) kills its driver, in batch 2
+    "fbt": "spark-between-tables",
+    "faf": "spark-after-first-table",
+    "fbm": "spark-before-marker",
+    "fam": "spark-after-marker",
 }
+MID = "fmw"        # SIGKILLed by the test while batch 2's commits run
+MID_SLEEP_MS = 1000
 
 
-def driver(env: SparkEnv, names: list[str], failpoints: str, log: Path) -> subprocess.Popen[str]:
-    args = [PYTHON, "-m", "tests.support.spark_sink_driver",
-            "--metastore-port", str(env.derby.port), "--workdir", str(env.workdir),
-            "--state-dir", str(env.workdir / "state")]
-    for n in names:
-        args += ["--name", n]
+def driver(env: SparkEnv, name: str, failpoints: str, log: Path) -> subprocess.Popen[str]:
+    args = [PYTHON, "-m", "tests.support.spark_sink_driver", "--warehouse", env.warehouse,
+            "--state-dir", str(env.workdir / "state"), "--name", name]
     child_env = {**os.environ, "SLUICE_FAILPOINTS": failpoints, "PYTHONPATH": str(REPO),
                  "TZ": "UTC", "SPARK_LOCAL_IP": "127.0.0.1"}
     with log.open("w") as err:
@@ -55,40 +57,54 @@ def driver(env: SparkEnv, names: list[str], failpoints: str, log: Path) -> subpr
                                 stderr=err, text=True)
 
 
-def finish(p: subprocess.Popen[str], log: Path, timeout: float) -> tuple[int, list[dict]]:
+def finish(p: subprocess.Popen[str], log: Path, timeout: float) -> int:
     try:
-        out, _ = p.communicate(timeout=timeout)
+        p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.kill()  # our own child, by its pid
         p.communicate()
         raise AssertionError(f"driver did not finish in {timeout}s:\n{log.read_text()[-3000:]}") from None
-    return p.returncode, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return p.returncode
 
 
-@pytest.mark.timeout(600)
+def last_marker(env: SparkEnv, name: str) -> tuple[int, int]:
+    """(batch, commit_ts) of the newest row of the sink's marker table."""
+    rows = env.rows(f"SELECT batch, commit_ts FROM m_{name}._sluice_commits ORDER BY batch DESC LIMIT 1")
+    return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+
+@pytest.mark.timeout(1500)
 def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
         spark_env: SparkEnv) -> None:
-    """Exactly once: a crash at any step of the commit protocol leaves the batch either wholly
-    committed or wholly invisible; the restart removes the torn attempt, skips what the commit
-    table already holds and lands the rest, so the views equal the model, nothing doubled."""
+    """Exactly once: a crash at any step of the commit protocol (between tables, after the
+    first table, before or after the marker, or by SIGKILL mid-write) leaves every table at a
+    skip point its own snapshot summary names; the restart skips exactly what each table holds
+    and lands the rest, so the current tables equal the model and each changelog holds every
+    change once; the restarted sink's checkpoint is the marker table's last batch."""
     env = spark_env
     txns, wl = build()
     last_ts = txns[-1].commit_ts
     logs = env.workdir / "logs"
     logs.mkdir()
     t0 = time.monotonic()
-
-    # All four at once: the module fixture created every metastore id sequence first
-    # (tests/support/spark.py warm_metastore), so concurrent opens no longer collide on
-    # DataNucleus' SEQUENCE_TABLE, and the JVM start-ups overlap instead of adding up.
-    procs = {n: driver(env, [n], f"{fp}=exit(137)@2", logs / f"{n}-crash.log")
-             for n, fp in FAILPOINTS.items()}
+    procs = {n: driver(env, n, f"{fp}=exit(137)@2", logs / f"{n}.log") for n, fp in EXITS.items()}
+    procs[MID] = driver(env, MID, f"spark-before-commit=1*sleep({MID_SLEEP_MS})@2", logs / f"{MID}.log")
     try:
+        mid_log = logs / f"{MID}.log"
+
+        def mid_fired() -> bool:
+            assert procs[MID].poll() is None, mid_log.read_text()[-3000:]
+            return "failpoint spark-before-commit fired" in mid_log.read_text()
+        wait_until(mid_fired, 900, 0.05, what="the mid-write driver to start batch 2")
+        # After the sleep, inside the batch's table commits (each takes seconds here).
+        time.sleep(MID_SLEEP_MS / 1000 + random.uniform(0.3, 2.0))
+        procs[MID].send_signal(signal.SIGKILL)   # our own child, by its pid
         for n, p in procs.items():
-            code, _ = finish(p, logs / f"{n}-crash.log", 360)
-            assert code == 137, (logs / f"{n}-crash.log").read_text()[-3000:]
+            code = finish(p, logs / f"{n}.log", 600)
+            assert code == (-signal.SIGKILL if n == MID else 137), (logs / f"{n}.log").read_text()[-3000:]
             state = json.loads((env.workdir / "state" / f"{n}.json").read_text())
-            assert state["sink_state"]["batch"] == 1, n  # batch 1 committed and checkpointed
+            # Batch 1 committed and checkpointed (the SIGKILL may come after batch 2's too).
+            assert state["sink_state"]["batch"] in ((1, 2) if n == MID else (1,)), (n, state)
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -96,24 +112,30 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
                 p.communicate()
     t1 = time.monotonic()
 
+    markers = {n: last_marker(env, n) for n in procs}
+    for n in EXITS:
+        assert markers[n][0] == (2 if n == "fam" else 1), (n, markers[n])
+    assert markers[MID][0] in (1, 2), markers[MID]
     # The restart runs in this process's own session (a fresh sink incarnation per name, as a
     # restarted drainer makes): one JVM start fewer than a restart child.
-    by_name = {n: run(drive_one(env.workdir, env.derby.port, env.workdir / "state", n, CHUNK,
-                                   env.spark))
-               for n in FAILPOINTS}
+    by_name = {n: run(drive_one(env.warehouse, env.workdir / "state", n, CHUNK, env.spark))
+               for n in procs}
     t2 = time.monotonic()
-    for n in FAILPOINTS:
-        r = by_name[n]
+    for n, r in by_name.items():
+        batch, cts = markers[n]
+        # The restarted sink's checkpoint is the marker table's last batch, not the drainer's.
+        assert r["committed"] == cts and r["open_state"]["batch"] == batch, (n, r, markers[n])
         assert r["done"] == last_ts, r
-        if n == "fc":
-            # The commit table is the truth: batch 2 committed after the drainer's checkpoint,
-            # so the restart is handed its transactions again and skips every one of them.
-            assert r["committed"] > r["start"] and r["skipped"] > 0, r
+        if r["committed"] > r["start"]:
+            # The marker is the truth: batch 2 committed after the drainer's checkpoint, so the
+            # restart is handed its transactions again and skips every one of them.
+            assert batch == 2 and r["skipped"] == CHUNK, r
         else:
             assert r["committed"] == r["start"] and r["skipped"] == 0, r
+    assert by_name["fam"]["committed"] > by_name["fam"]["start"]
 
     want_changes = sorted(expected_changes(txns, history_of(txns)))
-    for n in FAILPOINTS:
+    for n in procs:
         for t in wl.tables:
             assert view_rows(env, f"{n}_shop.{t.name}", t) == expected_rows(wl, t), (n, t.name)
         got = []
@@ -122,14 +144,15 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
                 f"SELECT _commit_ts, _seq, _op FROM {n}_shop.{t.name}_changelog")]
         assert len(got) == len({(c, s) for c, s, _ in got}), n  # no (_commit_ts, _seq) twice
         assert sorted(got) == want_changes, n                  # and none missing
-        # Recovery left nothing uncommitted behind: every raw partition and batch directory
-        # belongs to a commit record (3 data batches, epoch 1).
-        batches = {r[0] for r in env.rows(f"SELECT batch FROM m_{n}._sluice_commits")}
-        assert batches == {1, 2, 3}, n
-        for t in wl.tables:
-            parts = {r[0] for r in env.rows(f"SHOW PARTITIONS m_{n}.t{t.table_id}_raw")}
-            assert parts == {f"_batch={b}/_epoch=1" for b in batches}, (n, t.name, parts)
-            dirs = {p.name for p in (env.workdir / n / "data" / f"t{t.table_id}" / "raw" / "e1").iterdir()}
-            assert dirs == {f"b{b}" for b in batches}, (n, t.name, dirs)
+        # One marker row per batch, in order; the last one is the sink's checkpoint.
+        marks = [tuple(r) for r in env.rows(
+            f"SELECT batch, commit_ts FROM m_{n}._sluice_commits ORDER BY batch")]
+        assert [b for b, _ in marks] == [1, 2, 3], (n, marks)
+        assert marks[-1][1] == last_ts, n
+    # Batch 2 touched every table (so the crash points between tables cut a real batch).
+    for t in wl.tables:
+        n2 = env.rows(f"SELECT count(*) FROM {MID}_shop.{t.name}_changelog.snapshots "
+                      "WHERE summary['sluice.batch'] = '2'")[0][0]
+        assert n2 >= 1, t.name
     t3 = time.monotonic()
     print(f"crash children {t1 - t0:.0f}s, restart {t2 - t1:.0f}s, checks {t3 - t2:.0f}s")

@@ -185,10 +185,10 @@ class Cluster:
         if sink == "file":
             settings["to.dir"] = str(out_dir)
         elif sink == "spark":
-            # The Iceberg warehouse (and its SQLite catalog) under the name's output dir. Small,
-            # quick micro-batches: tests land few rows, and a Spark session here takes 20-35 s to
-            # start, so wait for it with start_drainer(wait_online=False) +
-            # wait_drainer_online(handle, timeout=...).
+            # The Iceberg warehouse (and its SQLite catalog) under the name's output dir, shared
+            # by every instance of the name. Small, quick micro-batches: tests land few rows, and
+            # a Spark session here takes 20-35 s to start, so wait for it with
+            # start_drainer(wait_online=False) + wait_drainer_online(handle, timeout=...).
             settings.update({"to.warehouse": str(out_dir / "warehouse"),
                              "to.master": "local[2]", "to.shuffle-partitions": 2,
                              "to.batch-interval": 2.0, "to.log-level": "ERROR"})

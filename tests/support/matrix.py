@@ -1,7 +1,8 @@
 """The fault matrix's cluster, workload and checks (tests/fault/test_matrix.py).
 
 One real cluster: etcd, two TSOs, three pumps (replicas 1), a source MariaDB read by `sluice
-capture`, a Spark drainer with a standby (HA, one name) on a Derby metastore, and a MySQL
+capture`, a Spark drainer with a standby (HA, one name) writing Iceberg tables (the embedded
+catalog in the name's warehouse), and a MySQL
 drainer into a second MariaDB. `MatrixLoad` keeps a rate-limited random workload running on the
 source on a thread; `Matrix.probe` writes a probe row and waits until both drainers have it
 durably, which is how each fault step proves the pipeline recovered before the next.
@@ -29,7 +30,6 @@ from sluice.core.tso_client import read_leader
 from sluice.drainer import ha
 from sluice.drainer.checkpoint import read_checkpoint
 from sluice.drainer.txn import Txn
-from sluice.spark_sink.metastore import DerbyServer
 from tests.support.capture import (PumpLog, SourceLoad, gtid_of, gtid_pos, source_table,
                                    start_capture)
 from tests.support.cluster import Cluster, DrainerHandle, fresh_ts, set_args
@@ -134,7 +134,6 @@ class Matrix:
     cluster: Cluster
     source: MariaDBServer
     downstream: MariaDBServer
-    derby: DerbyServer
     seed: int
     rng: Any
     etcd: Etcd = field(init=False)
@@ -187,7 +186,7 @@ class Matrix:
         self.gtid_before = gtid_pos(self.source)
         t0 = fresh_ts(self.cluster)
         self.pump_log = PumpLog(self.cluster, t0)
-        spark_to = {"to.metastore": self.derby.address, "to.batch-interval": 3.0,
+        spark_to = {"to.batch-interval": 3.0,
                     "initial-commit-ts": t0}
         self.spark["spark-a"] = self.cluster.start_drainer(
             SPARK, sink="spark", instance="spark-a", wait_online=False, **HA, **spark_to)
@@ -298,7 +297,7 @@ class Matrix:
         until(seen, timeout, f"{proc.name} to log {text!r}", 0.1)
 
     def wait_prewarmed(self, proc: Proc) -> None:
-        """Until a standby Spark drainer's JVM and metastore client are up (hot standby); a
+        """Until a standby Spark drainer's JVM and catalog are up (hot standby); a
         failed prewarm ends the wait at once instead of after SPARK_START_S."""
         def warm() -> bool:
             text = proc.log_text()
@@ -419,4 +418,26 @@ def duplicates(pairs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 __all__ = ["SCHEMA", "TABLES", "PRODUCER", "SPARK", "SPARK_START_S", "MYSQL", "PUMPS", "TSOS", "HA", "EXIT_FENCED",
-           "Matrix", "MatrixLoad", "seed_from_env", "spark_rows", "changelog_keys", "duplicates"]
+           "Matrix", "MatrixLoad", "seed_from_env", "spark_rows", "changelog_keys", "duplicates",
+           "stale_commits_after_fence"]
+
+
+def stale_commits_after_fence(warehouse: str, stale: int, new: int) -> dict[str, list[int]]:
+    """Per Iceberg table of the Spark drainer (read by pyiceberg, no JVM): the epochs of the
+    snapshots on main after epoch `new`'s fence snapshot, when any is `stale` (or the table has
+    no fence of `new`: listed as [-1])."""
+    from tests.support.spark import main_ancestry, pyiceberg_catalog, summary_of
+    cat = pyiceberg_catalog(warehouse)
+    bad: dict[str, list[int]] = {}
+    for ns in cat.list_namespaces():
+        for ident in cat.list_tables(ns):
+            name = ".".join(ident)
+            snaps = [summary_of(s) for s in main_ancestry(cat.load_table(name))]
+            epochs = [int(s.get("sluice.epoch", "0")) for s in snaps]
+            fence = next((k for k, s in enumerate(snaps) if s.get("sluice.fence") == "true"
+                          and epochs[k] == new), None)
+            if fence is None:
+                bad[name] = [-1]
+            elif stale in epochs[fence:]:
+                bad[name] = epochs[fence:]
+    return bad

@@ -204,7 +204,10 @@ def _reader_main() -> None:
     spark = session(SessionConfig(master="local[1]", warehouse=args.warehouse, log_level="ERROR",
                                   app_name="sluice-test-reader", shuffle_partitions=2,
                                   spark_conf={"spark.ui.showConsoleProgress": "false",
-                                              "spark.driver.memory": "512m"}))
+                                              "spark.driver.memory": "512m",
+                                              # Each round plans on the catalog's newest
+                                              # snapshot (Iceberg caches tables for 30 s).
+                                              "spark.sql.catalog.sluice.cache-enabled": "false"}))
     rnd = 0
     with open(args.out, "a") as out:
         while True:
@@ -228,3 +231,35 @@ def _reader_main() -> None:
 
 if __name__ == "__main__":
     _reader_main()
+
+
+# --------------------------------------------------------------------------------------------
+# pyiceberg: the same catalog without a JVM
+# --------------------------------------------------------------------------------------------
+
+def pyiceberg_catalog(warehouse: str) -> Any:
+    """pyiceberg's SqlCatalog on the embedded catalog of `warehouse` (the SQLite file the sink's
+    JDBC catalog writes): a reader with no JVM."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    path = os.path.abspath(warehouse)
+    return SqlCatalog("sluice", uri=f"sqlite:///{path}/catalog.db", warehouse=f"file://{path}")
+
+
+def main_ancestry(table: Any) -> list[Any]:
+    """The snapshots on main's history, oldest first (pyiceberg Table)."""
+    md = table.metadata
+    by_id = {s.snapshot_id: s for s in md.snapshots}
+    out = []
+    s = table.current_snapshot()
+    while s is not None:
+        out.append(s)
+        s = by_id.get(s.parent_snapshot_id) if s.parent_snapshot_id is not None else None
+    return out[::-1]
+
+
+def summary_of(snapshot: Any) -> dict[str, str]:
+    """A pyiceberg snapshot's summary properties (the sink's `sluice.*` keys among them)."""
+    s = snapshot.summary
+    if s is None:
+        return {}
+    return {**dict(getattr(s, "additional_properties", {}) or {}), "operation": str(s.operation)}

@@ -4,15 +4,12 @@ It rebuilds the same transactions from a seed (`build`), resumes after the check
 `<state-dir>/<name>.json` (what a drainer persists: the sink's checkpoint, written atomically after
 each flush), applies the rest in chunks with a flush after every chunk (one micro-batch per chunk,
 so batch boundaries are deterministic), and exits 0 when done. Failpoints (SLUICE_FAILPOINTS, e.g.
-`spark-before-commit=exit(137)@2`) make it die at chosen points of the commit protocol.
+`spark-before-marker=exit(137)@2`) make it die at chosen points of the commit protocol.
 
-Several `--name`s are driven one after another in the same process (one Spark JVM), which is how
-one restart recovers every crashed sink of a test module: a JVM start costs 20-35 s here.
-
-    python -m tests.support.spark_sink_driver --metastore-port P --workdir W --state-dir S --name N
+    python -m tests.support.spark_sink_driver --warehouse W --state-dir S --name N
 
 Prints one JSON line per sink: {"name", "start" (drainer checkpoint), "committed" (the sink's
-commit table on open), "skipped", "done"}.
+marker table on open), "open_state" (its checkpoint state on open), "skipped", "done"}.
 """
 from __future__ import annotations
 
@@ -32,6 +29,7 @@ from tests.support.rows import RandomWorkload, history_of
 
 FIRST_TS = 1 << 40
 SEED, TXNS, KEYS, CHUNK = 11, 239, 120, 80   # 240 txns with the schema one: 3 batches
+EPOCH = 1
 
 
 def build(seed: int = SEED, count: int = TXNS, keys: int = KEYS,
@@ -42,15 +40,14 @@ def build(seed: int = SEED, count: int = TXNS, keys: int = KEYS,
     return wl.transactions(count, FIRST_TS), wl
 
 
-def sink_config(workdir: Path, port: int, name: str) -> SparkSinkConfig:
-    """The sink `name` with its own root and catalog databases on the shared metastore (the same
-    shape as tests/support/spark.py's SparkEnv.sink_config, so a test session reads it)."""
+def sink_config(warehouse: str, name: str) -> SparkSinkConfig:
+    """The sink `name` with its own namespaces in the shared catalog (the same shape as
+    tests/support/spark.py's SparkEnv.sink_config, so a test session reads it)."""
     return SparkSinkConfig(
-        master="local[2]", metastore=f"127.0.0.1:{port}", warehouse=str(workdir / "warehouse"),
-        shuffle_partitions=2, log_level="ERROR", root=str(workdir / name),
+        master="local[1]", warehouse=warehouse, shuffle_partitions=2, log_level="ERROR",
         meta_database=f"m_{name}", database=f"{name}_{{schema}}",
-        batch_rows=1_000_000, batch_interval=3600.0,
-        spark_conf={"spark.ui.showConsoleProgress": "false", "spark.driver.memory": "768m"})
+        batch_rows=1_000_000, batch_interval=3600.0, maintenance_every=0,
+        spark_conf={"spark.ui.showConsoleProgress": "false", "spark.driver.memory": "512m"})
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -66,7 +63,7 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-async def drive_one(workdir: Path, port: int, state_dir: Path, name: str, chunk: int,
+async def drive_one(warehouse: str, state_dir: Path, name: str, chunk: int,
                     spark: Any = None) -> dict[str, Any]:
     """Drive sink `name` from its saved checkpoint to the end (in `spark`, or this process's
     own session); the JSON summary line's fields."""
@@ -76,12 +73,12 @@ async def drive_one(workdir: Path, port: int, state_dir: Path, name: str, chunk:
     schema = history_of(txns)
     state_path = state_dir / f"{name}.json"
     state = load_state(state_path)
-    sink = SparkSink(sink_config(workdir, port, name), schema, source_name="src", epoch=1,
-                     spark=spark)
+    sink = SparkSink(sink_config(warehouse, name), schema, source_name="src", epoch=EPOCH,
+                     spark=spark, owner="d-crash")
     await sink.open(Checkpoint(state["commit_ts"], sink_state=state.get("sink_state", {})))
-    committed = sink.checkpoint().commit_ts
+    opened = sink.checkpoint()
     # Resume from the drainer's checkpoint, like PullBinlogs(after_commit_ts=checkpoint): the
-    # sink itself skips whatever its commit table already holds beyond that.
+    # sink itself skips whatever its marker table already holds beyond that.
     pending = [t for t in txns if t.commit_ts > state["commit_ts"]]
     for i in range(0, len(pending), chunk):
         await sink.apply(pending[i:i + chunk])
@@ -92,15 +89,15 @@ async def drive_one(workdir: Path, port: int, state_dir: Path, name: str, chunk:
     cp = sink.checkpoint()
     save_state(state_path, {"commit_ts": cp.commit_ts, "sink_state": cp.sink_state})
     await sink.close()
-    return {"name": name, "start": state["commit_ts"], "committed": committed,
-            "skipped": sink.skipped, "done": cp.commit_ts}
+    return {"name": name, "start": state["commit_ts"], "committed": opened.commit_ts,
+            "open_state": opened.sink_state, "skipped": sink.skipped, "done": cp.commit_ts}
 
 
 async def main(args: argparse.Namespace) -> None:
-    workdir, state_dir = Path(args.workdir), Path(args.state_dir)
+    state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     for name in args.name:
-        out = await drive_one(workdir, args.metastore_port, state_dir, name, args.chunk)
+        out = await drive_one(args.warehouse, state_dir, name, args.chunk)
         print(json.dumps(out), flush=True)
 
 
@@ -108,8 +105,7 @@ if __name__ == "__main__":
     os.environ.setdefault("TZ", "UTC")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     ap = argparse.ArgumentParser()
-    ap.add_argument("--metastore-port", type=int, required=True)
-    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--warehouse", required=True)
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--name", action="append", required=True)
     ap.add_argument("--chunk", type=int, default=CHUNK)
