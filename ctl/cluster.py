@@ -1,7 +1,7 @@
 """`sluice cluster up|down|status|logs`: a whole local cluster from one TOML.
 
-`up` plans the cluster (`sluice.ctl.cluster_config`: etcd, TSOs, pumps, the Derby metastore for
-Spark drainers, MariaDB, drainers, capture), writes each process's TOML into the cluster dir,
+`up` plans the cluster (`sluice.ctl.cluster_config`: etcd, TSOs, pumps, MariaDB, drainers,
+capture), writes each process's TOML into the cluster dir,
 starts every process detached (its own session, so `up` returns and a Ctrl-C in the shell does
 not reach them) with its own data dir and log file, and waits until each is healthy before the
 next starts: etcd answers, every TSO answers (one is the leader), pumps and drainers are online

@@ -156,11 +156,11 @@ class Cluster:
         if sink == "file":
             settings["to.dir"] = str(out_dir)
         elif sink == "spark":
-            # Files under the name's output dir; the caller passes `to.metastore` (the Derby
-            # network server it started). Small, quick micro-batches: tests land few rows, and a
-            # Spark session here takes 20-35 s to start, so wait for it with
+            # The Iceberg warehouse (and its embedded catalog) under the name's output dir.
+            # Small, quick micro-batches: tests land few rows, and a Spark session here takes
+            # 20-35 s to start, so wait for it with
             # start_drainer(wait_online=False) + wait_drainer_online(handle, timeout=...).
-            settings.update({"to.root": str(out_dir), "to.warehouse": str(out_dir / "warehouse"),
+            settings.update({"to.warehouse": str(out_dir / "warehouse"),
                              "to.master": "local[2]", "to.shuffle-partitions": 2,
                              "to.batch-interval": 2.0, "to.log-level": "ERROR"})
         settings.update(extra)
