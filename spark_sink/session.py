@@ -119,8 +119,25 @@ def quiet(spark: SparkSession, level: str) -> None:
         log.debug("could not quiet JVM loggers", extra={"fields": {"error": str(e)[:200]}})
 
 
-def session(cfg: SessionConfig) -> SparkSession:
-    """The process's SparkSession, created from cfg if none is active."""
+def _launch_jvm(conf: dict[str, str], output: str) -> None:
+    """Start the JVM with its stdout and stderr appended to the file `output` (the Spark banner,
+    log4j's console lines), so a command with a terminal of its own keeps it for its own lines."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    if SparkContext._gateway is not None:  # type: ignore[attr-defined]
+        return
+    spark_conf = SparkConf(loadDefaults=False)
+    for k, v in conf.items():
+        spark_conf.set(k, v)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "ab") as f:
+        gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": f, "stderr": f})
+    SparkContext._ensure_initialized(gateway=gateway)  # type: ignore[attr-defined]
+
+
+def session(cfg: SessionConfig, jvm_output: str | None = None) -> SparkSession:
+    """The process's SparkSession, created from cfg if none is active. jvm_output: a file that
+    gets the JVM's own stdout and stderr instead of this process's (when this call starts it)."""
     os.environ.setdefault("TZ", "UTC")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -130,11 +147,14 @@ def session(cfg: SessionConfig) -> SparkSession:
         return active
     if cfg.sqlite_path:
         os.makedirs(os.path.dirname(cfg.sqlite_path) or ".", exist_ok=True)
+    conf = conf_of(cfg)
     builder = SparkSession.builder
-    for k, v in conf_of(cfg).items():
+    for k, v in conf.items():
         builder = builder.config(k, v)
     for attempt in range(1, _JVM_START_ATTEMPTS + 1):
         try:
+            if jvm_output:
+                _launch_jvm(conf, jvm_output)
             spark = builder.getOrCreate()
             break
         except Exception as e:  # noqa: BLE001 - only the launcher's transient failure is retried
