@@ -267,9 +267,11 @@ class Console:
 
     def _width(self) -> int:
         try:
-            return max(20, os.get_terminal_size(self.out.fileno()).columns - 1)
+            columns = os.get_terminal_size(self.out.fileno()).columns
         except (OSError, ValueError, AttributeError):
-            return 159
+            columns = 0
+        # A terminal that reports no size (0 columns: some ptys) gets a generous line.
+        return max(20, columns - 1) if columns > 0 else 159
 
     def say(self, text: str = "", file: Any = None, flush: bool = True) -> None:
         """A message line (print-compatible for the demo's own calls)."""
