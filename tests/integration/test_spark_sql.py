@@ -19,7 +19,8 @@ from tests.support.rows import Table, col, prewrite_value, schema_txn, txn
 from tests.support.spark import (SparkEnv, child_env, drive, history, make_sink, run,  # noqa: F401
                                  spark_env, spark_sql_argv)
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
+# A loaded 2-core machine: the module's session + two batches took 350 s, each child JVM 40-90 s.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
 T0 = 1 << 41
 ITEMS = Table(501, "shop", "items", [col("id", "int(11)", nullable=False), col("qty", "int(11)")],
@@ -31,7 +32,7 @@ NOTES = Table(502, "shop", "notes", [col("id", "int(11)", nullable=False),
 def sluice_sql(warehouse: str, cwd: Path, *args: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `sluice spark-sql --json ... args` in a child process."""
     out = subprocess.run(spark_sql_argv(warehouse, *args), cwd=cwd, env=child_env(),
-                         capture_output=True, text=True, timeout=240)
+                         capture_output=True, text=True, timeout=600)
     return out.returncode, out.stdout, out.stderr
 
 
