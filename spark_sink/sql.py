@@ -215,12 +215,13 @@ def _query(spark: Any, statements: list[str], limit: int) -> tuple[list[str], li
 
 
 def run(args: argparse.Namespace) -> int:
+    # Usage errors are ConfigErrors: one line, exit 2 (before any JVM starts).
     if args.limit <= 0:
-        raise InvalidArgument("--limit must be positive")
+        raise ConfigError("--limit must be positive")
     if args.tables and (args.sql or args.as_of is not None):
-        raise InvalidArgument("--tables takes no SQL and no --as-of")
+        raise ConfigError("--tables takes no SQL and no --as-of")
     if not args.tables and not args.sql:
-        raise InvalidArgument("give SQL to run (or --tables to list the tables)")
+        raise ConfigError("give SQL to run (or --tables to list the tables)")
     from pyspark.logger import PySparkLogger
 
     from sluice.spark_sink.session import session

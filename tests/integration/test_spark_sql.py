@@ -128,3 +128,21 @@ def test_a_warehouse_without_a_catalog_is_a_clear_error(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "no catalog at" in out.stderr and "catalog.db" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["SELECT 1"], "give --config (the Spark drainer's TOML) or --warehouse DIR"),
+    (["--warehouse", "w"], "give SQL to run (or --tables to list the tables)"),
+    (["--warehouse", "w", "--tables", "SELECT 1"], "--tables takes no SQL and no --as-of"),
+    (["--warehouse", "w", "--limit", "0", "SELECT 1"], "--limit must be positive"),
+])
+def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path, argv: list[str],
+                                              message: str) -> None:
+    """A command line that cannot work is refused with one line naming the problem (exit 2),
+    before a JVM starts."""
+    out = subprocess.run(sluice_argv("spark-sql", *argv), cwd=tmp_path, env=child_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sluice spark-sql: ") and message in lines[0], \
+        out.stderr
