@@ -111,7 +111,10 @@ class Publisher:
         with cat.commit_properties(summary.props()):
             write(cat.ident(db, table, self.branch))
         try:
-            rows = cat.sql(f"CALL {cat.name}.system.fast_forward({sql_str(f'{db}.{table}')}, "
+            # Catalog-qualified: a namespace named like the catalog (meta-database "sluice",
+            # catalog "sluice") would otherwise be read as the catalog ("table not found").
+            rows = cat.sql(f"CALL {cat.name}.system.fast_forward("
+                           f"{sql_str(f'{cat.name}.{db}.{table}')}, "
                            f"'main', {sql_str(self.branch)})").collect()
         except Exception as e:
             if "not an ancestor" not in str(e):

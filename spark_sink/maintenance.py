@@ -31,7 +31,7 @@ def maintain(sink: SparkSink, pub: Publisher) -> None:
     t0 = time.monotonic()
     done = 0
     for (db, table) in sorted(pub.heads):
-        name = sql_str(f"{db}.{table}")
+        name = sql_str(f"{cat.name}.{db}.{table}")   # catalog-qualified, as in commit.publish
         proc = f"{cat.name}.system"
         try:
             cat.sql(f"CALL {proc}.rewrite_data_files(table => {name}, "

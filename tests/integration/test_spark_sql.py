@@ -120,6 +120,65 @@ def test_as_of_shows_every_table_at_one_batch_boundary(spark_env: SparkEnv,
     assert code == 1 and "no batch was committed at or before it" in err, err[-3000:]
 
 
+@pytest.mark.mariadb
+def test_verify_compares_a_source_with_the_current_tables(spark_env: SparkEnv,
+                                                          two_batches: dict[str, int],
+                                                          mariadb_module: Any) -> None:
+    """`ctl verify`'s Spark target reads the sink's Iceberg current tables: a source holding
+    the same rows matches; a changed row and a row the source no longer has are named."""
+    from sluice.ctl import verify as v
+    src = mariadb_module
+    src.execute("DROP DATABASE IF EXISTS shop")
+    src.execute("CREATE DATABASE shop")
+    src.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, qty INT)")
+    src.execute("CREATE TABLE shop.notes (id INT PRIMARY KEY, body VARCHAR(20))")
+    src.execute("INSERT INTO shop.items VALUES (1, 100), (3, 30), (4, 40), (5, 50), (6, 60)")
+    src.execute("INSERT INTO shop.notes VALUES (1, 'edited'), (2, 'n2'), (3, 'n3'), (4, 'n4')")
+    target = v.SparkTarget(spark_env.spark, "sq_{schema}", catalog=spark_env.session_cfg.catalog)
+
+    def check() -> dict[str, v.TableResult]:
+        side = v.MySQLSide(src.dsn())
+        try:
+            return {r.table: r for r in v.verify_tables(side, target, ["shop.items", "shop.notes"],
+                                                        chunk_rows=2)}
+        finally:
+            side.close()
+
+    got = check()
+    assert [(r.status, r.rows, r.target_rows) for r in got.values()] == [
+        ("match", 5, 5), ("match", 4, 4)]
+    src.execute("UPDATE shop.items SET qty = 31 WHERE id = 3")
+    src.execute("DELETE FROM shop.notes WHERE id = 4")
+    got = check()
+    assert [(d.kind, d.key) for d in got["shop.items"].differences] == [("changed", "id=3")]
+    assert [(d.kind, d.key) for d in got["shop.notes"].differences] == [("extra", "id=4")]
+
+
+def test_a_meta_database_named_like_the_catalog_commits_and_maintains(spark_env: SparkEnv) -> None:
+    """The defaults (catalog "sluice", meta-database "sluice") work: Iceberg procedures get
+    catalog-qualified table names, so the marker table `sluice.sluice._sluice_commits` is not
+    read as table `_sluice_commits` of catalog `sluice` (the demo's drainer stopped on that)."""
+    from sluice.drainer.sink import load_sink
+    from sluice.spark_sink.config import SparkSinkConfig
+    env = spark_env
+    cfg = SparkSinkConfig(master=env.session_cfg.master, warehouse=env.warehouse,
+                          shuffle_partitions=2, database="mc_{schema}", batch_interval=3600.0,
+                          maintenance_every=0)
+    assert cfg.meta_database == cfg.catalog == "sluice"
+    txns = [schema_txn(T0, ITEMS)] + [
+        txn(prewrite_value(ITEMS.mutation(ITEMS.insert(id=i, qty=i))), T0 + i) for i in range(1, 4)]
+    schema = history(txns[:1])
+    sink = load_sink("spark", cfg, schema=schema, source_name="src", epoch=0, spark=env.spark,
+                     drainer_name="")
+    run(sink.open(Checkpoint(0)))
+    run(drive(sink, txns, schema))
+    assert sink.checkpoint().commit_ts == T0 + 3
+    sink.maintain()                      # every table, the marker table included
+    run(sink.close())
+    assert env.rows("SELECT count(*) FROM sluice.sluice._sluice_commits")[0][0] == 1
+    assert env.rows("SELECT count(*) FROM mc_shop.items")[0][0] == 3
+
+
 def test_a_warehouse_without_a_catalog_is_a_clear_error(tmp_path: Path) -> None:
     """A --warehouse that holds no catalog is refused before a JVM starts (a typo would
     otherwise show an empty catalog)."""
