@@ -97,6 +97,12 @@ def session_config(config: str | None = None, warehouse: str | None = None,
     conf.update(spark_conf or {})
     data["spark-conf"] = conf
     cfg = _config.from_dict(SessionConfig, data, config or "spark-sql")
+    # Iceberg's SparkCatalog caches a loaded table until it goes unused for 30 s: a reader that
+    # polls (the demo waiting for its probe row) would see the table as first loaded forever.
+    # A reader wants the newest committed snapshot at every query.
+    cache_key = f"spark.sql.catalog.{cfg.catalog}.cache-enabled"
+    if cache_key not in cfg.spark_conf:
+        cfg = dataclasses.replace(cfg, spark_conf={**cfg.spark_conf, cache_key: "false"})
     if cfg.sqlite_path and not os.path.exists(cfg.sqlite_path):
         raise ConfigError(f"spark: no catalog at {cfg.sqlite_path}: the warehouse "
                           f"{cfg.warehouse!r} holds no Sluice tables yet (is it the sink's "
