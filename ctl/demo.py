@@ -453,6 +453,10 @@ def _stop_verify_session() -> None:
     if target is not None:
         with contextlib.suppress(Exception):
             target.close()
+        # The demo's JVM ends and is reaped before the demo exits (no orphan, no zombie).
+        from sluice.spark_sink.session import shutdown_jvm
+        with contextlib.suppress(Exception):
+            shutdown_jvm()
 
 
 def _run(demo: Demo) -> bool:

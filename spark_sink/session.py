@@ -135,6 +135,32 @@ def _launch_jvm(conf: dict[str, str], output: str) -> None:
     SparkContext._ensure_initialized(gateway=gateway)  # type: ignore[attr-defined]
 
 
+def shutdown_jvm(timeout: float = 30.0) -> None:
+    """End this process's JVM (after spark.stop()) and reap it, so a command that exits leaves
+    no JVM behind, not even a zombie: its stdin closes (the JVM exits on EOF), then it is
+    waited for (killed after timeout)."""
+    from pyspark import SparkContext
+    gateway = SparkContext._gateway  # type: ignore[attr-defined]
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    try:
+        gateway.shutdown()
+    except Exception as e:  # noqa: BLE001 - the JVM may already be gone
+        log.debug("gateway shutdown", extra={"fields": {"error": str(e)[:200]}})
+    SparkContext._gateway = None  # type: ignore[attr-defined]
+    SparkContext._jvm = None  # type: ignore[attr-defined]
+    if proc is None:
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: kill, then reap
+        proc.kill()
+        proc.wait(10)
+
+
 def session(cfg: SessionConfig, jvm_output: str | None = None) -> SparkSession:
     """The process's SparkSession, created from cfg if none is active. jvm_output: a file that
     gets the JVM's own stdout and stderr instead of this process's (when this call starts it)."""
