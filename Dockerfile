@@ -1,5 +1,5 @@
-# One image for every Sluice process (and etcd and the Derby metastore in docker-compose.yml).
-# It runs the same install.sh as CI and `make`: Debian packages, then the project venv.
+# One image for every Sluice process (and etcd in docker-compose.yml).
+# It runs the same install.sh as CI and `make`: Debian packages, the project venv, the Iceberg jars.
 FROM debian:bookworm-slim
 
 ARG DEBIAN_FRONTEND=noninteractive

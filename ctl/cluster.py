@@ -1,7 +1,7 @@
 """`sluice cluster up|down|status|logs|stop|start|restart`: a whole local cluster from one TOML.
 
-`up` plans the cluster (`sluice.ctl.cluster_config`: etcd, TSOs, pumps, the Derby metastore for
-Spark drainers, MariaDB, drainers, one capture per source), writes each process's TOML into the
+`up` plans the cluster (`sluice.ctl.cluster_config`: etcd, TSOs, pumps, MariaDB,
+ drainers, one capture per source), writes each process's TOML into the
 cluster dir, starts the cluster's supervisor (`sluice.ctl.supervisor`, detached: it outlives
 `up`) and asks it to start each process in turn, waiting until each is healthy before the next:
 etcd answers, every TSO answers (one is the leader), pumps and drainers are online and alive in

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import importlib.util
 import inspect
 import json
 import re
@@ -39,8 +38,6 @@ PROCESS_CONFIGS: dict[str, str] = {
     "capture": "sluice.capture.config:CaptureConfig",
     "ctl": "sluice.ctl.context:CtlConfig",
 }
-
-DERBY_JARS = ("derby.jar", "derbynet.jar")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,7 +160,7 @@ class DrainerSpec:
     name: str = "drainer-file"         # drainer name (its node id in the registry)
     sink: str = "file"                 # file | grpc | mysql | spark
     # The sink's `[to]` options. Strings may use {dir} (the cluster dir), {data} (this
-    # drainer's data dir), {mariadb-port}, {metastore} (host:port of the Derby server).
+    # drainer's data dir; a standby shares it), {mariadb-port}.
     to: dict[str, Any] = field(default_factory=dict)
     # Also run a standby with the same name: both get `ha = true` (drainer HA, DESIGN §6); the
     # standby takes over when the active one stops or dies.
@@ -243,13 +240,6 @@ RESTART_POLICIES = ("no", "on-failure", "always")
 
 
 @dataclass(frozen=True)
-class MetastoreSpec:
-    port: int = 0                      # Derby network server port (started for spark drainers)
-    java: str = "java"                 # JVM running the Derby network server
-    derby_dir: str = "/usr/share/java"  # where libderby-java installs derby*.jar
-
-
-@dataclass(frozen=True)
 class ClusterSpec:
     cluster_id: int = 1                # cluster id of every process
     host: str = "127.0.0.1"            # every process listens here
@@ -269,7 +259,6 @@ class ClusterSpec:
     capture: CaptureSpec = field(default_factory=CaptureSpec)
     # One [[sources]] table per external MariaDB/MySQL source, each captured by its own process.
     sources: list[SourceSpec] = field(default_factory=list)
-    metastore: MetastoreSpec = field(default_factory=MetastoreSpec)
     # Mutual TLS for every process and etcd with your own certificates. Empty (the default):
     # `up` makes a CA and certificates in <cluster dir>/certs (`sluice ctl certs`) and uses those.
     security: SecurityConfig = field(default_factory=SecurityConfig)
@@ -380,7 +369,7 @@ class ProcessPlan:
     """One child of the cluster: how to start it and where it keeps things."""
 
     name: str                          # unique in the cluster: etcd, tso-1, pump-2, ...
-    kind: str                          # etcd | tso | pump | metastore | drainer | mariadb | capture
+    kind: str                          # etcd | tso | pump | drainer | mariadb | capture
     argv: tuple[str, ...]
     addr: str                          # what it serves (host:port); "" if nothing
     data_dir: str
@@ -420,22 +409,12 @@ class Layout:
         return self.root / "logs" / f"{name}.log"
 
 
-def spark_metastore_available() -> bool:
-    return importlib.util.find_spec("sluice.spark_sink.metastore") is not None  # type: ignore[attr-defined]
-
-
-def derby_classpath(spec: MetastoreSpec) -> str:
-    return ":".join(str(Path(spec.derby_dir) / j) for j in DERBY_JARS)
-
-
-def metastore_argv(spec: MetastoreSpec, home: Path, host: str, port: int) -> tuple[str, ...]:
-    raise ConfigError("the Derby metastore is gone (Spark tables are Iceberg): temporary stub")
-
-
-# `[to]` of a drainer whose spec gives none: everything under the drainer's data dir.
+# `[to]` of a drainer whose spec gives none: everything under the drainer's data dir. A spark
+# drainer's warehouse holds the Iceberg tables and the embedded catalog (an SQLite file), which
+# its standby shares: no catalog server to run.
 DEFAULT_SINK_OPTIONS: dict[str, dict[str, Any]] = {
     "file": {"dir": "{data}/out"},
-    "spark": {"warehouse": "{data}/spark"},
+    "spark": {"warehouse": "{data}/warehouse"},
 }
 
 
@@ -517,15 +496,6 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
                             "tso": tso_addrs, "metrics-addr": metrics}, spec.pump.config)
         out.append(sluice("pump", name, conf, addr, metrics, node_id=name))
 
-    metastore_addr = ""
-    if any(d.sink == "spark" for d in spec.drainers) and spark_metastore_available():
-        metastore_addr = f"{h}:{spec.metastore.port or port('metastore')}"
-        home = layout.data("metastore")
-        out.append(ProcessPlan(
-            "metastore", "metastore",
-            metastore_argv(spec.metastore, home, h, int(metastore_addr.rsplit(":", 1)[1])),
-            metastore_addr, str(home), str(layout.log("metastore"))))
-
     mariadb_port = ""
     if spec.mariadb.enabled:
         mariadb_port = str(spec.mariadb.port or port("mariadb"))
@@ -534,8 +504,7 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
     for d in spec.drainers:
         addr, metrics = f"{h}:{port(d.name)}", f"{h}:{port(d.name + '-metrics')}"
         data = layout.data(d.name)
-        tokens = {"dir": str(layout.root), "data": str(data), "mariadb-port": mariadb_port,
-                  "metastore": metastore_addr}
+        tokens = {"dir": str(layout.root), "data": str(data), "mariadb-port": mariadb_port}
         to = _substitute(d.to or DEFAULT_SINK_OPTIONS.get(d.sink, {}), tokens)
         conf = _deep_merge({"cluster-id": spec.cluster_id, "name": d.name, "addr": addr,
                             "etcd": etcd_addr, "tso": tso_addrs, "metrics-addr": metrics,
@@ -720,7 +689,9 @@ def _default_text(f: dataclasses.Field) -> str:  # type: ignore[type-arg]
 def key_docs(cls: type, prefix: str = "") -> list[KeyDoc]:
     """Every key of a config class (nested tables flattened to dotted keys)."""
     hints = typing.get_type_hints(cls)
-    comments = _field_comments(cls)
+    # A subclass's own comments win over its bases' (SparkSinkConfig over SessionConfig).
+    comments = {k: v for base in reversed(cls.__mro__[:-1]) if dataclasses.is_dataclass(base)
+                for k, v in _field_comments(base).items() if v}
     out: list[KeyDoc] = []
     nested: list[tuple[str, type]] = []
     for f in dataclasses.fields(cls):

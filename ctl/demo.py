@@ -1,13 +1,18 @@
 """`sluice demo`: the whole pipeline, MariaDB to Spark, started, loaded, verified and stopped.
 
-It starts a local cluster through `sluice cluster up`'s own code (etcd, 2 TSOs, 2 pumps, the
-Derby metastore, a Spark drainer and its standby, a local MariaDB and the capture) in a fresh
-directory, creates a sample `shop` schema, runs a workload (sysbench `oltp_write_only` when
-installed, plus a built-in shop generator) with a live progress line, writes a probe row once
-the workload stops and waits until the Spark tables show it, then compares every source table
-with its Spark current-state view row for row (`sluice ctl verify`'s library).
+It starts a local cluster through `sluice cluster up`'s own code (etcd, 2 TSOs, 2 pumps, a
+Spark drainer and its standby sharing one Iceberg warehouse with its embedded catalog, a local
+MariaDB and the capture) in a fresh directory, creates a sample `shop` schema, runs a workload
+(sysbench `oltp_write_only` when installed, plus a built-in shop generator) with a live progress
+line, writes a probe row once the workload stops and waits until the Spark tables show it, then
+compares every source table with its Spark current-state table row for row (`sluice ctl
+verify`'s library).
 
-Invariant: the demo exits 0 only when every source table equals its Spark view; and it stops
+The terminal shows the demo's own progress only: the JVM of the demo's Spark session writes its
+banner and log lines to `logs/demo-spark.log`; the progress line is redrawn in place on a
+terminal (plain lines otherwise, e.g. in CI logs).
+
+Invariant: the demo exits 0 only when every source table equals its Spark table; and it stops
 every process it started (`sluice cluster down`, by recorded pid) on every way out — success,
 failure, Ctrl-C — unless `--keep` is given; on a failure the logs stay and their path is printed.
 """
@@ -67,7 +72,7 @@ def demo_spec(short: bool) -> dict[str, Any]:
     """The cluster TOML of the demo (a `sluice cluster up --config` file)."""
     return {
         "cluster-id": 1,
-        # A Spark drainer opens a JVM and, on a fresh metastore, creates the catalog schema.
+        # A Spark drainer opens a JVM and, on a fresh warehouse, creates the catalog and tables.
         "start-timeout": 900.0,
         "stop-timeout": 15.0,
         "tso": {"count": 2, "lease-ttl": 3},
@@ -76,8 +81,8 @@ def demo_spec(short: bool) -> dict[str, Any]:
             "storage": {"stop-write-at-available-space": 256 << 20}}},
         "drainers": [{
             "name": DRAINER, "sink": "spark", "standby": True,
-            "to": {"root": "{data}/spark", "warehouse": "{data}/warehouse",
-                   "metastore": "{metastore}", "master": "local[2]", "shuffle-partitions": 2,
+            # The drainer and its standby share their data dir: one warehouse, one catalog.
+            "to": {"warehouse": "{data}/warehouse", "master": "local[2]", "shuffle-partitions": 2,
                    "batch-interval": 2.0 if short else 3.0, "batch-rows": 20_000,
                    "spark-conf": {"spark.ui.showConsoleProgress": "false",
                                   "spark.driver.memory": "768m"}},
@@ -249,6 +254,56 @@ def scrape(addr: str, name: str) -> float | None:
     return total
 
 
+class Console:
+    """The demo's terminal. Messages are whole lines; on a terminal the progress line is redrawn
+    in place (carriage return, cut to the terminal's width) below them, elsewhere each progress
+    line is a plain line of its own."""
+
+    def __init__(self, out: Any = None) -> None:
+        self.out = out if out is not None else sys.stdout
+        self.tty = bool(getattr(self.out, "isatty", lambda: False)())
+        self.lock = threading.Lock()
+        self.live = ""
+
+    def _width(self) -> int:
+        try:
+            columns = os.get_terminal_size(self.out.fileno()).columns
+        except (OSError, ValueError, AttributeError):
+            columns = 0
+        # A terminal that reports no size (0 columns: some ptys) gets a generous line.
+        return max(20, columns - 1) if columns > 0 else 159
+
+    def say(self, text: str = "", file: Any = None, flush: bool = True) -> None:
+        """A message line (print-compatible for the demo's own calls)."""
+        with self.lock:
+            if self.live:
+                self.out.write("\r\033[K")
+                self.out.flush()
+            (file or self.out).write(f"{text}\n")
+            (file or self.out).flush()
+            if self.live:
+                self.out.write(self.live)
+                self.out.flush()
+
+    def status(self, line: str) -> None:
+        """The progress line: redrawn in place on a terminal, a plain line otherwise."""
+        with self.lock:
+            if self.tty:
+                self.live = line[:self._width()]
+                self.out.write("\r" + self.live + "\033[K")
+            else:
+                self.out.write(line + "\n")
+            self.out.flush()
+
+    def end_status(self) -> None:
+        """Leave the last progress line on screen; later messages go below it."""
+        with self.lock:
+            if self.live:
+                self.out.write("\n")
+                self.out.flush()
+                self.live = ""
+
+
 @dataclass
 class Progress:
     """The numbers of one progress line."""
@@ -271,6 +326,10 @@ class Demo:
     health: Any = None                 # cluster.Health, opened by the first progress line
     commits_at_start: int = 0
     started: float = field(default_factory=time.monotonic)
+    console: Console = field(default_factory=Console)
+
+    def say(self, text: str = "", file: Any = None, flush: bool = True) -> None:
+        self.console.say(text, file=file, flush=flush)
 
     # -- the source --------------------------------------------------------------------------
 
@@ -321,10 +380,10 @@ class Demo:
                 f"to Spark {p.applied_txns:>6} txns | lag {lag}")
 
     def progress_loop(self, stop: threading.Event, phase: Callable[[], str]) -> None:
-        every = 1.0 if sys.stdout.isatty() else (2.0 if self.args.short else 5.0)
+        every = 1.0 if self.console.tty else (2.0 if self.args.short else 5.0)
         while not stop.wait(every):
             with contextlib.suppress(Exception):
-                print(self.line(phase()), flush=True)
+                self.console.status(self.line(phase()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,10 +436,11 @@ def run(args: argparse.Namespace) -> int:
 _SESSION: dict[str, Any] = {}
 
 
-def _warm_spark(conf_path: str) -> None:
-    """Start this process's SparkSession (20-40 s under load) while the workload runs."""
+def _warm_spark(conf_path: str, jvm_log: str) -> None:
+    """Start this process's SparkSession (20-40 s under load) while the workload runs; the
+    JVM's own output goes to jvm_log, not to the demo's terminal."""
     try:
-        _SESSION["target"] = verify.spark_target_from(conf_path, None, None)
+        _SESSION["target"] = verify.spark_target_from(conf_path, jvm_output=jvm_log)
     except BaseException as e:  # noqa: BLE001 - reported when the verification needs it
         _SESSION["error"] = e
 
@@ -393,6 +453,10 @@ def _stop_verify_session() -> None:
     if target is not None:
         with contextlib.suppress(Exception):
             target.close()
+        # The demo's JVM ends and is reaped before the demo exits (no orphan, no zombie).
+        from sluice.spark_sink.session import shutdown_jvm
+        with contextlib.suppress(Exception):
+            shutdown_jvm()
 
 
 def _run(demo: Demo) -> bool:
@@ -406,8 +470,9 @@ def _run(demo: Demo) -> bool:
     demo.state = cluster.read_state(layout)
     drainer_conf = demo.state.find(DRAINER).config_path
 
-    warm = threading.Thread(target=_warm_spark, args=(drainer_conf,), name="spark-warmup",
-                            daemon=True)
+    jvm_log = str(layout.log("demo-spark"))
+    warm = threading.Thread(target=_warm_spark, args=(drainer_conf, jvm_log),
+                            name="spark-warmup", daemon=True)
     warm.start()
     _SESSION["thread"] = warm
 
@@ -467,7 +532,7 @@ def _run(demo: Demo) -> bool:
                 sysbench_proc.wait(10)
         worked = time.monotonic() - work_started
         if gen.error is not None:
-            print(f"warning: the shop generator stopped early: {gen.error}", flush=True)
+            demo.say(f"warning: the shop generator stopped early: {gen.error}", flush=True)
         source_txns = demo.binlog_commits() - demo.commits_at_start
 
         # The probe: committed after every workload transaction, so once Spark shows it, the
@@ -476,26 +541,28 @@ def _run(demo: Demo) -> bool:
             cur.execute(f"INSERT INTO {PROBE_DB}.probe VALUES (1, UTC_TIMESTAMP(6))")
         probe_at = time.monotonic()
         phase[0] = "draining"
-        print(f"workload done: {source_txns} source transactions in {worked:.1f}s; waiting for "
+        demo.say(f"workload done: {source_txns} source transactions in {worked:.1f}s; waiting for "
               "the probe row to show in Spark", flush=True)
         warm.join(args.wait_timeout)
         if "error" in _SESSION:
-            raise Unavailable(f"could not open a Spark session on the metastore: "
-                              f"{_SESSION['error']}")
+            raise Unavailable(f"could not open a Spark session on the sink's catalog: "
+                              f"{_SESSION['error']} (the JVM's output: {jvm_log})")
         target = _SESSION.get("target")
         if target is None:
             raise Unavailable("the Spark session did not start in time")
         _wait_probe(target, args.wait_timeout)
-        print(f"the probe row is in Spark {time.monotonic() - probe_at:.1f}s after its commit",
+        demo.say(f"the probe row is in Spark {time.monotonic() - probe_at:.1f}s after its commit",
               flush=True)
     finally:
         stop_work.set()
         stop_progress.set()
+        ticker.join(5)
+        demo.console.end_status()
         if sysbench_proc is not None and sysbench_proc.poll() is None:
             sysbench_proc.kill()
             sysbench_proc.wait(10)
 
-    print("verifying: every source table against its Spark current-state view", flush=True)
+    print("verifying: every source table against its Spark current-state table", flush=True)
     verify_started = time.monotonic()
     tables = [f"{SHOP}.customers", f"{SHOP}.orders", f"{SHOP}.order_items", f"{SHOP}.inventory"]
     if use_sysbench:
@@ -520,10 +587,15 @@ def _run(demo: Demo) -> bool:
     print(f"  verification         {time.monotonic() - verify_started:.1f}s")
     print(f"  elapsed              {elapsed:.1f}s")
     print("\nnext: query the Spark tables (with --keep the cluster is still running):")
+    print(f"  sluice spark-sql --config {drainer_conf} --tables")
     print(f"  sluice spark-sql --config {drainer_conf} \"SELECT * FROM {SHOP}.orders ORDER BY id "
           "DESC LIMIT 10\"")
     print(f"  sluice spark-sql --config {drainer_conf} \"SELECT _op, _commit_ts, id, status FROM "
           f"{SHOP}.orders_changelog ORDER BY _commit_ts DESC, _seq DESC LIMIT 20\"")
+    as_of = _middle_batch(target)
+    if as_of is not None:
+        print(f"  sluice spark-sql --config {drainer_conf} --as-of {as_of} \"SELECT count(*) "
+              "FROM orders\"")
     print(f"  sluice ctl verify --source {verify.redact(demo.source_dsn())} --spark-config "
           f"{drainer_conf} --tables {SHOP}.orders")
     print(f"  sluice ctl --cluster-dir {layout.root} drainers")
@@ -563,9 +635,20 @@ def _changelog_counts(target: verify.SparkTarget, tables: list[str]) -> dict[str
     for t in tables:
         db, name = t.split(".", 1)
         with contextlib.suppress(Exception):
-            view = target.layout.changelog(target.layout.database(db), name)
-            out[t] = int(target.spark.sql(f"SELECT count(*) FROM {view}").collect()[0][0])
+            changelog = target.changelog(db, name)
+            out[t] = int(target.spark.sql(f"SELECT count(*) FROM {changelog}").collect()[0][0])
     return out
+
+
+def _middle_batch(target: verify.SparkTarget) -> int | None:
+    """The commit_ts of a batch halfway through the run (an example for --as-of)."""
+    from sluice.spark_sink.tables import q
+    with contextlib.suppress(Exception):
+        ts = [r[0] for r in target.spark.sql(
+            f"SELECT commit_ts FROM {q(target.catalog, 'sluice', '_sluice_commits')} "
+            "ORDER BY batch").collect()]
+        return int(ts[len(ts) // 2]) if ts else None
+    return None
 
 
 def _tso_failover(demo: Demo) -> None:
@@ -575,9 +658,9 @@ def _tso_failover(demo: Demo) -> None:
         tsos = [r for r in demo.state.processes if r.kind == "tso" and cluster.running(r)]
         leader = next((r for r in tsos if _role(health, r) == "leader"), None)
         if leader is None:
-            print("failover: no TSO leader found; skipped", flush=True)
+            demo.say("failover: no TSO leader found; skipped", flush=True)
             return
-        print(f"failover: kill -9 {leader.name} (pid {leader.pid}), the TSO leader", flush=True)
+        demo.say(f"failover: kill -9 {leader.name} (pid {leader.pid}), the TSO leader", flush=True)
         os.kill(leader.pid, 9)
         killed = time.monotonic()
         others = [r for r in tsos if r is not leader]
@@ -585,11 +668,11 @@ def _tso_failover(demo: Demo) -> None:
         while time.monotonic() < end:
             new = next((r for r in others if _role(health, r) == "leader"), None)
             if new is not None:
-                print(f"failover: {new.name} took over in {time.monotonic() - killed:.1f}s; "
+                demo.say(f"failover: {new.name} took over in {time.monotonic() - killed:.1f}s; "
                       "timestamps keep increasing", flush=True)
                 return
             time.sleep(0.1)
-        print("failover: no new TSO leader within 30s", flush=True)
+        demo.say("failover: no new TSO leader within 30s", flush=True)
     finally:
         health.close()
 

@@ -267,26 +267,39 @@ class MySQLTarget(MySQLSide):
 
 
 class SparkTarget:
-    """The Spark current-state views (`<db>.<table>`) through a SparkSession on the sink's
-    metastore. Chunk predicates are used only for integer keys: Spark compares strings by
+    """The Spark current-state tables (`<db>.<table>`, Iceberg) through a SparkSession on the
+    sink's catalog. Chunk predicates are used only for integer keys: Spark compares strings by
     code point, MySQL by collation, so other keys are read whole and matched by key."""
 
     canonical_source = False
 
     def __init__(self, spark: Any, database_format: str = "{schema}", source: str = "",
-                 owns_session: bool = False) -> None:
-        from sluice.spark_sink.layout import Layout
+                 owns_session: bool = False, catalog: str = "") -> None:
         self.spark = spark
-        self.layout = Layout("", "sluice", database_format, source)
+        self.database_format = database_format
+        self.source = source
+        self.catalog = catalog or spark.conf.get("spark.sql.defaultCatalog")
         self.name = "spark"
         self._owns = owns_session
 
+    def database(self, db: str) -> str:
+        """The catalog namespace of source schema db (the sink's `database` pattern)."""
+        from sluice.spark_sink.tables import ident
+        return ident(self.database_format.format(schema=db, source=self.source))
+
     def view(self, db: str, table: str) -> str:
-        return self.layout.view(self.layout.database(db), table)
+        """The current-state table of db.table, quoted (the name kept from the views' days)."""
+        from sluice.spark_sink.tables import ident, q
+        return q(self.catalog, self.database(db), ident(table))
+
+    def changelog(self, db: str, table: str) -> str:
+        from sluice.spark_sink.tables import ident, q
+        return q(self.catalog, self.database(db), ident(table) + "_changelog")
 
     def exists(self, db: str, table: str) -> bool:
-        from sluice.spark_sink.layout import ident
-        return bool(self.spark.catalog.tableExists(f"{self.layout.database(db)}.{ident(table)}"))
+        from sluice.spark_sink.tables import ident
+        return bool(self.spark.catalog.tableExists(
+            f"{self.catalog}.{self.database(db)}.{ident(table)}"))
 
     def supports_chunks(self, spec: KeySpec, columns: Sequence[pb.ColumnInfo]) -> bool:
         return spec.integer
@@ -499,11 +512,11 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     t = p.add_mutually_exclusive_group(required=True)
     t.add_argument("--target", metavar="DSN", help="a MySQL/MariaDB downstream: mysql://...")
     t.add_argument("--spark-config", metavar="TOML",
-                   help="the Spark drainer's TOML: its [to] table gives metastore, warehouse, "
-                        "database")
-    t.add_argument("--metastore", metavar="HOST:PORT",
-                   help="the Derby metastore of the Spark tables (with --warehouse)")
-    p.add_argument("--warehouse", metavar="DIR", help="spark.sql.warehouse.dir (with --metastore)")
+                   help="the Spark drainer's TOML: its [to] table gives the catalog (warehouse, "
+                        "catalog-type, catalog-uri, ...) and the database pattern")
+    t.add_argument("--warehouse", metavar="DIR",
+                   help="instead of --spark-config: the Spark sink's warehouse (its embedded "
+                        "catalog; database pattern {schema})")
     p.add_argument("--tables", metavar="DB.T,...", help="compare only these (default: every "
                    "table of the source outside mysql/sys/*_schema)")
     p.add_argument("--chunk-rows", type=int, default=10_000, metavar="N",
@@ -511,28 +524,17 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     p.set_defaults(func=verify)
 
 
-def spark_target_from(spark_config: str | None, metastore: str | None,
-                      warehouse: str | None) -> SparkTarget:
-    """A SparkTarget on the session the sink's config (or --metastore/--warehouse) describes."""
-    import tomllib
-
+def spark_target_from(spark_config: str | None, warehouse: str | None = None,
+                      jvm_output: str | None = None) -> SparkTarget:
+    """A SparkTarget on the session the sink's config (its [to] table) describes; warehouse
+    overrides the config's (or, alone, names the embedded catalog in that warehouse).
+    jvm_output: a file for the JVM's own stdout/stderr (default: this process's)."""
     from sluice.spark_sink import sql as sparksql
-    database = "{schema}"
-    if spark_config:
-        try:
-            with open(spark_config, "rb") as f:
-                to = tomllib.load(f).get("to", {})
-        except FileNotFoundError:
-            raise errors.ConfigError(f"{spark_config}: config file not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise errors.ConfigError(f"{spark_config}: invalid TOML: {e}") from None
-        database = str(to.get("database", database))
-    ns = argparse.Namespace(config=spark_config, metastore=metastore, master=None)
-    cfg = sparksql._session_config(ns)
-    if warehouse:
-        cfg = dataclasses.replace(cfg, warehouse=warehouse)
     from sluice.spark_sink.session import session
-    return SparkTarget(session(cfg), database, owns_session=True)
+    to = sparksql.to_table(spark_config)
+    cfg = sparksql.session_config(spark_config, warehouse)
+    return SparkTarget(session(cfg, jvm_output=jvm_output), str(to.get("database", "{schema}")), owns_session=True,
+                       catalog=cfg.catalog)
 
 
 def verify(ctx: Ctx, args: argparse.Namespace) -> int:
@@ -541,13 +543,11 @@ def verify(ctx: Ctx, args: argparse.Namespace) -> int:
         _split(t)
     if args.chunk_rows < 1:
         raise errors.InvalidArgument(f"--chunk-rows must be >= 1, got {args.chunk_rows}")
-    if args.warehouse and not args.metastore:
-        raise errors.InvalidArgument("--warehouse goes with --metastore")
     source = MySQLSide(args.source, "--source")
     target: Target | None = None
     try:
         target = (MySQLTarget(args.target) if args.target else
-                  spark_target_from(args.spark_config, args.metastore, args.warehouse))
+                  spark_target_from(args.spark_config, args.warehouse))
         results = verify_tables(source, target, tables, args.chunk_rows)
     finally:
         source.close()

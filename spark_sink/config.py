@@ -21,7 +21,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class SessionConfig:
     """How to build a SparkSession with the Iceberg runtime and the sink's catalog."""
 
-    master: str = "local[*]"
+    master: str = "local[*]"           # Spark master: local[N], spark://host:port, yarn, ...
     # Where table data and metadata files live: a directory or any Hadoop URI.
     warehouse: str = ""
     catalog: str = "sluice"             # the Spark catalog name (spark.sql.catalog.<catalog>)
@@ -32,10 +32,10 @@ class SessionConfig:
     catalog_uri: str = ""
     # Extra catalog properties (spark.sql.catalog.<catalog>.<key>), e.g. jdbc.user, jdbc.password.
     catalog_properties: dict[str, str] = dataclasses.field(default_factory=dict)
-    app_name: str = "sluice"
-    log_level: str = "WARN"
-    shuffle_partitions: int = 4
-    spark_conf: dict[str, str] = dataclasses.field(default_factory=dict)
+    app_name: str = "sluice"            # spark.app.name
+    log_level: str = "WARN"             # the JVM's log level (known-noisy loggers: ERROR)
+    shuffle_partitions: int = 4         # spark.sql.shuffle.partitions (MERGE, maintenance)
+    spark_conf: dict[str, str] = dataclasses.field(default_factory=dict)  # any Spark setting (wins)
 
     def __post_init__(self) -> None:
         if not self.warehouse and self.catalog_type in ("jdbc", "hadoop"):
@@ -98,8 +98,8 @@ class SparkSinkConfig(SessionConfig):
     # in (cost follows the table). docs/spark.md has the measurement behind the default.
     write_mode: str = "merge-on-read"
     maintenance_every: int = 100
-    snapshot_retention: float = 86_400.0
-    retain_snapshots: int = 100
+    snapshot_retention: float = 86_400.0  # seconds a snapshot is kept (time travel, --as-of)
+    retain_snapshots: int = 100         # ... and at least this many per table
     # A schema change the tables cannot follow: stop (name table, column, DDL), skip-table (the
     # table's changes are dropped from then on, logged), as-string (the column becomes STRING).
     on_unmappable: str = "stop"

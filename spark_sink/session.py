@@ -122,8 +122,51 @@ def quiet(spark: SparkSession, level: str) -> None:
         log.debug("could not quiet JVM loggers", extra={"fields": {"error": str(e)[:200]}})
 
 
-def session(cfg: SessionConfig) -> SparkSession:
-    """The process's SparkSession, created from cfg if none is active."""
+def _launch_jvm(conf: dict[str, str], output: str) -> None:
+    """Start the JVM with its stdout and stderr appended to the file `output` (the Spark banner,
+    log4j's console lines), so a command with a terminal of its own keeps it for its own lines."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    if SparkContext._gateway is not None:  # type: ignore[attr-defined]
+        return
+    spark_conf = SparkConf(loadDefaults=False)
+    for k, v in conf.items():
+        spark_conf.set(k, v)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "ab") as f:
+        gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": f, "stderr": f})
+    SparkContext._ensure_initialized(gateway=gateway)  # type: ignore[attr-defined]
+
+
+def shutdown_jvm(timeout: float = 30.0) -> None:
+    """End this process's JVM (after spark.stop()) and reap it, so a command that exits leaves
+    no JVM behind, not even a zombie: its stdin closes (the JVM exits on EOF), then it is
+    waited for (killed after timeout)."""
+    from pyspark import SparkContext
+    gateway = SparkContext._gateway  # type: ignore[attr-defined]
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    try:
+        gateway.shutdown()
+    except Exception as e:  # noqa: BLE001 - the JVM may already be gone
+        log.debug("gateway shutdown", extra={"fields": {"error": str(e)[:200]}})
+    SparkContext._gateway = None  # type: ignore[attr-defined]
+    SparkContext._jvm = None  # type: ignore[attr-defined]
+    if proc is None:
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: kill, then reap
+        proc.kill()
+        proc.wait(10)
+
+
+def session(cfg: SessionConfig, jvm_output: str | None = None) -> SparkSession:
+    """The process's SparkSession, created from cfg if none is active. jvm_output: a file that
+    gets the JVM's own stdout and stderr instead of this process's (when this call starts it)."""
     os.environ.setdefault("TZ", "UTC")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -133,11 +176,14 @@ def session(cfg: SessionConfig) -> SparkSession:
         return active
     if cfg.sqlite_path:
         os.makedirs(os.path.dirname(cfg.sqlite_path) or ".", exist_ok=True)
+    conf = conf_of(cfg)
     builder = SparkSession.builder
-    for k, v in conf_of(cfg).items():
+    for k, v in conf.items():
         builder = builder.config(k, v)
     for attempt in range(1, _JVM_START_ATTEMPTS + 1):
         try:
+            if jvm_output:
+                _launch_jvm(conf, jvm_output)
             spark = builder.getOrCreate()
             break
         except Exception as e:  # noqa: BLE001 - only the launcher's transient failure is retried

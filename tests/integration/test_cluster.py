@@ -188,6 +188,25 @@ def test_generated_configs_round_trip_through_toml(tmp_path: Path) -> None:
         assert flag in mariadb.argv
 
 
+def test_a_spark_drainer_and_its_standby_share_one_warehouse_and_no_catalog_server(
+        tmp_path: Path) -> None:
+    """A Spark drainer needs no catalog server: the plan starts no metastore, and the drainer
+    and its standby get the same `[to]` whose warehouse (with the embedded SQLite catalog)
+    lies in their shared data dir, valid for the sink's own config class."""
+    from sluice.spark_sink.config import SparkSinkConfig
+    spec = cc.load_spec(None, ['drainers=[{name = "spark", sink = "spark", standby = true}]'])
+    ports = iter(range(31000, 32000))
+    layout = cc.Layout(tmp_path)
+    plans = cc.plan(spec, layout, lambda _key: next(ports))
+    assert [p.kind for p in plans] == ["etcd", "tso", "tso", "pump", "pump", "drainer", "drainer"]
+    active, standby = plans[-2:]
+    assert standby.standby and active.data_dir == standby.data_dir
+    assert active.config["to"] == standby.config["to"] == {
+        "warehouse": str(layout.data("spark") / "warehouse")}
+    cfg = SparkSinkConfig(**{k.replace("-", "_"): v for k, v in active.config["to"].items()})
+    assert cfg.sqlite_path == str(layout.data("spark") / "warehouse" / "catalog.db")
+
+
 @pytest.mark.mariadb
 def test_a_cluster_with_mariadb_and_capture_carries_a_row_to_the_file_sink(
         cluster_dir: Path, tmp_path: Path) -> None:

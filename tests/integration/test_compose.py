@@ -25,8 +25,9 @@ COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 SLUICE_IMAGE = "sluice:latest"
 
-WANTED_SERVICES = {"etcd", "tso-1", "tso-2", "pump-1", "pump-2", "pump-3", "metastore",
-                   "drainer-spark", "drainer-mysql", "mariadb", "mariadb-downstream", "capture"}
+WANTED_SERVICES = {"etcd", "tso-1", "tso-2", "pump-1", "pump-2", "pump-3", "drainer-spark",
+                   "drainer-spark-standby", "drainer-mysql", "mariadb", "mariadb-downstream",
+                   "capture"}
 
 
 def compose_binary() -> Path:
@@ -185,23 +186,41 @@ def test_the_database_password_comes_from_the_environment(model: dict[str, Any])
 
 
 def test_non_sluice_commands_exist_where_the_image_installs_them(model: dict[str, Any]) -> None:
-    """etcd and the Derby server run from the Sluice image: same binaries and jars as here."""
+    """etcd runs from the Sluice image: the same binary as here; no catalog server runs."""
     services = model["services"]
     assert services["etcd"]["entrypoint"] == ["etcd"]
     assert shutil.which("etcd"), "etcd-server is installed by install.sh"
-    meta = services["metastore"]
-    assert meta["entrypoint"] == ["java"]
-    cp = meta["command"][meta["command"].index("-cp") + 1]
-    for jar in cp.split(":"):
-        assert Path(jar).exists(), f"{jar} (libderby-java) missing"
-    assert "org.apache.derby.drda.NetworkServerControl" in meta["command"]
-    from sluice.spark_sink.metastore import DERBY_SERVER_PROPS
-    assert set(DERBY_SERVER_PROPS) <= set(meta["command"]), "the same Derby lock settings as local"
-    assert meta["command"][meta["command"].index("-h") + 1] == "0.0.0.0"
+    assert not any("derby" in json.dumps(svc).lower() or "metastore" in name
+                   for name, svc in services.items()), "the Derby metastore left the cluster"
     for db in ("mariadb",):
         flags = services[db]["command"]
         for flag in ("--binlog-format=ROW", "--binlog-row-image=FULL", "--binlog-row-metadata=FULL"):
             assert flag in flags, f"{db} lacks {flag}"
+
+
+def test_the_spark_drainer_and_its_standby_share_one_warehouse(model: dict[str, Any]) -> None:
+    """The Spark drainer and its standby are one HA group (same name, `ha = true`) on one
+    `spark-data` volume that holds the warehouse and its embedded SQLite catalog, so the
+    standby takes over the very tables (and catalog) the active one wrote."""
+    services = model["services"]
+    confs, mounts = {}, {}
+    for name in ("drainer-spark", "drainer-spark-standby"):
+        svc = services[name]
+        content = model["configs"][svc["configs"][0]["source"]]["content"]
+        confs[name] = cc.validate("drainer", tomllib.loads(content), name)
+        mounts[name] = {(v["source"], v["target"]) for v in svc["volumes"]}
+    active, standby = confs["drainer-spark"], confs["drainer-spark-standby"]
+    assert active.name == standby.name and active.ha and standby.ha
+    assert active.to == standby.to
+    assert mounts["drainer-spark"] == mounts["drainer-spark-standby"]
+    (volume, target), = mounts["drainer-spark"]
+    assert volume == "spark-data" and volume in model["volumes"]
+    warehouse = active.to["warehouse"]
+    assert warehouse.startswith(target.rstrip("/") + "/"), (warehouse, target)
+    from sluice.spark_sink.config import SparkSinkConfig
+    cfg = SparkSinkConfig(**{k.replace("-", "_"): v for k, v in active.to.items()})
+    assert cfg.sqlite_path is not None and cfg.sqlite_path.startswith(warehouse), \
+        "the embedded catalog lives in the shared warehouse"
 
 
 def test_dockerfile_builds_with_the_ci_install_script() -> None:

@@ -71,7 +71,16 @@ def test_short_demo_verifies_spark_row_for_row_and_leaves_no_process(tmp_path: P
     assert f"OK: all {len(TABLES)} tables match the source row for row" in out
     m = re.search(r"changes in changelog (\d+)", out)
     assert m and int(m.group(1)) > 0, out[-3000:]
-    assert "sluice spark-sql --config" in out
+    assert "sluice spark-sql --config" in out and " --tables" in out
+    assert re.search(r"sluice spark-sql --config \S+ --as-of \d+ ", out), out[-3000:]
+    # The terminal shows the demo's own lines only: the JVM of the demo's Spark session (banner,
+    # log4j) writes to its log file.
+    jvm_noise = [line for line in out.splitlines() if re.search(
+        r"log4j|Setting default log level|NativeCodeLoader|^\d\d/\d\d/\d\d \d\d:\d\d:\d\d "
+        r"(WARN|ERROR|INFO)|WARNING: Using incubator modules", line)]
+    assert not jvm_noise, jvm_noise[:5]
+    jvm_log = d / "logs" / "demo-spark.log"
+    assert "Setting default log level" in jvm_log.read_text(errors="replace")
     # Nothing kept on success in a directory the user named? The directory stays (it was
     # given), the processes are gone.
     assert "stopping the cluster" in out
