@@ -8,7 +8,7 @@
    (p50/p99) and Seconds_Behind_Master, and the drain time after the load stops.
 2. Sluice — `sluice cluster up` from a generated cluster.toml: etcd, 2 TSOs, 2 pumps, a local
    MariaDB source + capture, a MySQL drainer into a downstream MariaDB this script starts (like
-   the replica), and a Spark drainer (Derby metastore started by the cluster). The cluster's
+   the replica), and a Spark drainer (Iceberg tables, embedded catalog). The cluster's
    MariaDB gets `SET GLOBAL innodb_flush_log_at_trx_commit=2` so the source is configured as
    the native one. sysbench at --rate = 50% of the native max for --sluice-seconds, probe rows
    every 200 ms → lag p50/p99 into MariaDB (rows polled every 50 ms) and into Spark (the Spark
@@ -199,7 +199,7 @@ def _pct(values: list[float], q: float) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 def cluster_toml(downstream_port: int, spark: bool) -> str:
-    # Spark's session start and first metastore statement take minutes on a loaded machine.
+    # Spark's session start takes minutes on a loaded machine.
     text = f"""cluster-id = 1
 start-timeout = 900.0
 stop-timeout = 30.0

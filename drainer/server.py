@@ -266,7 +266,7 @@ class DrainerServer:
         else:
             log.info("drainer %s at %s: ha on, campaigning (lease ttl %ds, margin %.1fs)",
                      self.name, self.addr, self.config.alive_ttl, self.config.ha_margin)
-            # A hot standby: the sink's costly start-up (Spark: JVM + metastore client) runs
+            # A hot standby: the sink's costly start-up (Spark: JVM + catalog) runs
             # while it waits, so a takeover costs the TTL wait and the sink's open only.
             warm = asyncio.create_task(asyncio.to_thread(self._prewarm_sink), name="sink-prewarm")
             term = await asyncio.to_thread(self.election.campaign, self._stop_waiting)

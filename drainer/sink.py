@@ -83,7 +83,7 @@ class Sink(abc.ABC):
     @classmethod
     def prewarm(cls, options: Any) -> None:
         """Start-up work a standby drainer does while it waits, so a takeover does not pay for
-        it (the Spark sink starts its JVM and metastore client). Blocking; it must not write
+        it (the Spark sink starts its JVM and opens its catalog). Blocking; it must not write
         anything downstream: a standby is not the active instance."""
 
     @abc.abstractmethod

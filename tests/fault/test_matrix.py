@@ -174,7 +174,7 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
     with m.step("Spark drainer online"):
         m.wait_spark_online({})
         # The test's own JVM on the catalog, for the final comparison: started only now, so it
-        # never races the drainer's metastore set-up, and while the remaining steps run.
+        # never races the drainer's catalog set-up, and while the remaining steps run.
         session = start_session()
         m.probe("Spark online", timeout=SPARK_START_S)
 
