@@ -106,9 +106,16 @@ def check_toml_block(block: Block, tmp: Path) -> Any:
 
 
 @pytest.mark.parametrize("block", TOML_BLOCKS, ids=[b.where for b in TOML_BLOCKS])
-def test_every_toml_example_loads_through_its_config_class(block: Block, tmp_path: Path) -> None:
+def test_every_toml_example_loads_through_its_config_class(block: Block, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Every ```toml example in the docs names its config and loads through that config's real
-    class (a drainer's [to] through its sink's): an example that stops working fails here."""
+    class (a drainer's [to] through its sink's): an example that stops working fails here. An
+    `env:NAME` secret the example names is set (to a dummy), as its reader is told to."""
+    for name in re.findall(r'"env:([A-Za-z_][A-Za-z0-9_]*)"', block.text):
+        monkeypatch.setenv(name, "example-secret")
+    for name in re.findall(r'password-file\s*=\s*"([^"/]+)"', block.text):
+        (tmp_path / name).write_text("example-secret\n")   # next to the example, as told
+    monkeypatch.chdir(tmp_path)
     try:
         check_toml_block(block, tmp_path)
     except ConfigError as e:
