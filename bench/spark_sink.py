@@ -23,6 +23,7 @@ MERGE + marker) vs a plain append of the same number of rows to a table of the s
 
 Run: .venv/bin/python bench/spark_sink.py [--changes 200000] [--batch-rows 100000]
      [--state-rows 1000000] [--state-changes 10000] [--state-batches 5]
+     [--write-mode merge-on-read|copy-on-write]
 """
 from __future__ import annotations
 
@@ -65,11 +66,14 @@ def workload(changes: int, seed: int) -> tuple[list[Txn], RandomWorkload, Schema
     return txns, wl, history_of(txns)
 
 
+WRITE_MODE = "merge-on-read"
+
+
 def config(warehouse: Path, name: str, batch_rows: int) -> SparkSinkConfig:
     return SparkSinkConfig(master="local[2]", warehouse=str(warehouse), shuffle_partitions=2,
                            database=f"{name}_{{schema}}", meta_database=f"m_{name}",
                            batch_rows=batch_rows, batch_interval=3600.0, maintenance_every=0,
-                           log_level="ERROR")
+                           log_level="ERROR", write_mode=WRITE_MODE)
 
 
 def run_sink(spark: Any, cfg: SparkSinkConfig, txns: list[Txn], schema: SchemaHistory,
@@ -179,7 +183,7 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
         log(f"state batch {b + 1}: ours {ours[-1]:.2f} s, plain append {base[-1]:.2f} s")
     mo, mb = statistics.median(ours), statistics.median(base)
     print(f"\nCurrent state of a {n}-row keyed table, batches of {k} changes (median of "
-          f"{args.state_batches}):")
+          f"{args.state_batches}, write-mode {WRITE_MODE}):")
     print(f"| what | ms per batch | rows/s |\n|---|---|---|")
     print(f"| plain append of {k} rows (baseline) | {mb * 1000:.0f} | {k / mb:,.0f} |")
     print(f"| sink: changelog + MERGE + marker | {mo * 1000:.0f} | {k / mo:,.0f} |")
@@ -196,7 +200,10 @@ def main() -> None:
     ap.add_argument("--state-rows", type=int, default=1_000_000)
     ap.add_argument("--state-changes", type=int, default=10_000)
     ap.add_argument("--state-batches", type=int, default=5)
+    ap.add_argument("--write-mode", default="merge-on-read", choices=("merge-on-read", "copy-on-write"))
     args = ap.parse_args()
+    global WRITE_MODE
+    WRITE_MODE = args.write_mode
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-spark-"))
     warehouse = work / "warehouse"
     cfg = config(warehouse, "warm", args.batch_rows)
