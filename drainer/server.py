@@ -896,20 +896,7 @@ class DrainerServer:
                         "unresolved (%s); decide it: %s", held[0], held[1].get("start_ts"),  # type: ignore[index]
                         held[1].get("producer"), held[1].get("reason"), held[1].get("command"),  # type: ignore[index]
                         extra={"fields": {"pump": held[0], "start_ts": held[1].get("start_ts")}})  # type: ignore[index]
-        epoch = self.epoch
-
-        def label(old: NodeStatus) -> NodeStatus:
-            if old.epoch > epoch:
-                raise self.election.fenced_error("updating the held-by label")
-            labels = {k: v for k, v in old.labels.items() if k != HELD_BY_LABEL}
-            if text:
-                labels[HELD_BY_LABEL] = text
-            return dataclasses.replace(old, labels=labels)
-        self._guard()
-        try:
-            await asyncio.to_thread(self.registry.update, NodeKind.DRAINER, self.name, label)
-        except errors.EtcdUnavailable as e:
-            log.warning("registry unavailable: %s", e)
+        await self._set_label(HELD_BY_LABEL, text)
 
     async def _show_standbys(self, info: NodeInfo) -> None:
         """Mirror the live standby keys into the status label `standby` (for `ctl drainers`)."""
@@ -919,14 +906,19 @@ class DrainerServer:
             return
         if info.status.labels.get("standby", "") == standbys:
             return
+        await self._set_label("standby", standbys)
+
+    async def _set_label(self, key: str, value: str) -> None:
+        """Set (or, when empty, remove) one label of this drainer's registry status, fenced by
+        the epoch it holds now."""
         epoch = self.epoch
 
         def label(old: NodeStatus) -> NodeStatus:
             if old.epoch > epoch:
-                raise self.election.fenced_error("updating the standby label")
-            labels = {k: v for k, v in old.labels.items() if k != "standby"}
-            if standbys:
-                labels["standby"] = standbys
+                raise self.election.fenced_error(f"updating the {key} label")
+            labels = {k: v for k, v in old.labels.items() if k != key}
+            if value:
+                labels[key] = value
             return dataclasses.replace(old, labels=labels)
         self._guard()
         try:
