@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from sluice.core.log import kv
 from sluice.core.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -73,4 +74,4 @@ class CaptureMetrics:
             self.state.labels(s).set(1 if s == state else 0)
         self._current = state
         level = logging.ERROR if state == "failed" else logging.INFO
-        log.log(level, "capture %s", state, extra={"fields": fields} if fields else None)
+        log.log(level, "capture %s", state, extra=kv(**fields) if fields else None)

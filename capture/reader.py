@@ -58,6 +58,7 @@ from sluice.capture.types import UndecodableRow
 from sluice.core.errors import SluiceError
 from sluice.core.marks import APPLY_MARK
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 import grpc
 
@@ -253,7 +254,7 @@ class Assembler:
             if self._txn is not None:
                 # The source restarted inside a group: it never committed, the server drops it.
                 log.warning("transaction cut by a source restart dropped",
-                            extra={"fields": {"at": self._txn.where()}})
+                            extra=kv(at=self._txn.where()))
                 self.abandon()
             return None
         return None   # GTID lists, checkpoints, heartbeats, annotations: no data
@@ -321,7 +322,7 @@ class Assembler:
                 "wrote it used binlog_format=STATEMENT/MIXED — set binlog_format=ROW globally and "
                 "re-snapshot the affected tables")
         elif not _HARMLESS.match(q):
-            log.debug("query event ignored", extra={"fields": {"query": q[:80], "at": t.where()}})
+            log.debug("query event ignored", extra=kv(query=q[:80], at=t.where()))
         if t.standalone:
             return self._finish()
         return None
@@ -360,7 +361,7 @@ class Assembler:
             # (it would loop). Only its position moves on; shapes it declared were not sent.
             if t.snapshots or t.ddls:
                 self.tracker.reset_declared()
-            log.debug("transaction written by a Sluice sink skipped", extra={"fields": {"at": t.where()}})
+            log.debug("transaction written by a Sluice sink skipped", extra=kv(at=t.where()))
             return SourceTxn(position=pos, gtid=t.gtid, server_id=t.server_id, ts_ms=t.ts * 1000,
                              file=t.file, offset=t.offset, mutations=(), schema_snapshots=(),
                              ddls=(), size=t.size)

@@ -28,6 +28,7 @@ from pymysqlreplication.constants import FIELD_TYPE as FT
 from sluice.capture import ddl as ddlmod
 from sluice.capture.types import BinColumn, RowDecoder, UndecodableRow, native_spec
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +412,7 @@ class SchemaTracker:
                     new_model = ddlmod.apply_alter(model, st.alter_ops)
                 except (KeyError, ValueError) as e:
                     log.warning("ALTER names an unknown column; shape will come from the next TableMap",
-                                extra={"fields": {"table": f"{st.db}.{st.table}", "column": str(e)}})
+                                extra=kv(table=f"{st.db}.{st.table}", column=str(e)))
             self._set_model(st.db, st.table, new_model)
             if st.new_name is not None:
                 return self._rename(((st.db, st.table), st.new_name), query, version, new_model)

@@ -68,6 +68,7 @@ from sluice.core.registry import Registry
 from sluice.core.rewind import delete_rewind, read_rewind
 from sluice.core.tso_client import TSOClient
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class _Disconnected:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sluice.ctl.main import add_process_arguments
+    from sluice.core.cli import add_process_arguments
     add_process_arguments(p)
     p.add_argument("--check", action="store_true",
                    help="run the source start-up checks and exit (0: ok, 2: a check failed)")
@@ -302,7 +303,7 @@ class Capture:
                 # table replaces it (rows deleted inside the gap are not deleted downstream).
                 log.warning("saved position purged from the source; snapshot-mode when_needed: "
                             "new snapshot, streaming from the source's current position",
-                            extra={"fields": {"problem": str(e)}})
+                            extra=kv(problem=str(e)))
                 on_source = False
                 facts = await asyncio.to_thread(source_checks, c, None)
             if saved is not None and on_source:
@@ -338,7 +339,7 @@ class Capture:
                 on_chunk=self.metrics.on_snapshot_chunk)
             if plan.snapshot != "none":
                 log.info("snapshot %s: %s", plan.snapshot, plan.reason,
-                         extra={"fields": {"tables": list(state.tables) if state else []}})
+                         extra=kv(tables=list(state.tables) if state else []))
             if not plan.stream and (state is None or state.finished):
                 log.info("snapshot-mode %s: %s", c.snapshot_mode, plan.reason)
                 self.metrics.set_state("stopped")
@@ -423,7 +424,7 @@ class Capture:
             last = at
             log.info("declared %d table(s) in a schema-snapshot transaction at %s",
                      len(infos), format_position(at),
-                     extra={"fields": {"first_start": first_start}})
+                     extra=kv(first_start=first_start))
         if declared is None or set(captured) != set(declared):
             await asyncio.to_thread(self.registry.put_json, key, captured)
         return last, state
@@ -538,10 +539,10 @@ class Capture:
                 try:
                     sig = parse_etcd_signal(key, value)
                 except InvalidSignal as e:
-                    log.error("etcd signal ignored: %s", e, extra={"fields": {"key": key}})
+                    log.error("etcd signal ignored: %s", e, extra=kv(key=key))
                     self._delete_key(key)
                     continue
-                log.info("etcd signal received", extra={"fields": {"key": key, "signal": sig.id}})
+                log.info("etcd signal received", extra=kv(key=key, signal=sig.id))
                 snap.submit(sig, key)
 
     def _delete_key(self, key: str) -> None:

@@ -49,6 +49,7 @@ from sluice.capture.snapshot.window import WindowReconciler, split_signals
 from sluice.capture.snapshot.worker import OnChunk, TableRun, run_read_only, run_signal_table
 from sluice.core.errors import SluiceError
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +203,7 @@ class Snapshotter:
             if self._prefix is None or e.shape is not self._shape \
                     or e.chunk.index < self._prefix.state.chunks_done:
                 # A chunk of a run that was stopped or replaced: its rows are not emitted.
-                log.debug("stale snapshot chunk dropped", extra={"fields": {
-                    "table": e.chunk.table, "chunk": e.chunk.index}})
+                log.debug("stale snapshot chunk dropped", extra=kv(table=e.chunk.table, chunk=e.chunk.index))
                 return
             state = self._prefix.emitted(e.chunk, len(e.rows))
             self._cond.notify_all()
@@ -264,7 +264,7 @@ class Snapshotter:
         fields = {"signal": sig.id, "type": type(sig).__name__,
                   "channel": "etcd" if etcd_key else "signal-table"}
         if isinstance(sig, LogSignal):
-            log.info("signal log: %s", sig.message, extra={"fields": fields})
+            log.info("signal log: %s", sig.message, extra=kv(**fields))
             return
         tables = self._available() if isinstance(sig, ExecuteSnapshot) else []
         with self._cond:
@@ -275,7 +275,7 @@ class Snapshotter:
             if isinstance(sig, ExecuteSnapshot):
                 new, restart = self._execute(sig, tables, st if active else None, bool(etcd_key))
             elif st is None or not active:
-                log.warning("signal ignored: no snapshot is running", extra={"fields": fields})
+                log.warning("signal ignored: no snapshot is running", extra=kv(**fields))
             elif isinstance(sig, StopSnapshot):
                 new, restart = _stopped(st, sig.data_collections)
             elif isinstance(sig, PauseSnapshot):
@@ -292,9 +292,9 @@ class Snapshotter:
             else:
                 self._prefix.state = new
             self._cond.notify_all()
-        log.info("snapshot signal applied", extra={"fields": {
-            **fields, "snapshot_id": new.snapshot_id, "tables": list(new.tables),
-            "current_table": new.current_table, "paused": new.paused, "finished": new.finished}})
+        log.info("snapshot signal applied", extra=kv(
+            **fields, snapshot_id=new.snapshot_id, tables=list(new.tables),
+            current_table=new.current_table, paused=new.paused, finished=new.finished))
         self._emit_progress(new, etcd_key)
 
     def _ack_now(self, etcd_key: str) -> None:
@@ -308,8 +308,7 @@ class Snapshotter:
         tables = sig.tables(available)
         if not tables:
             log.warning("execute-snapshot ignored: its data-collections match no captured table",
-                        extra={"fields": {"signal": sig.id,
-                                          "data_collections": list(sig.data_collections)}})
+                        extra=kv(signal=sig.id, data_collections=list(sig.data_collections)))
             return None, False
         mode = READ_ONLY if (self.read_only or from_etcd or sig.snapshot_type == READ_ONLY) \
             else SIGNAL_TABLE
@@ -320,12 +319,12 @@ class Snapshotter:
                                  conditions=conds, surrogate_keys=keys).next_table(), True
         if st.mode != mode:
             log.error("execute-snapshot ignored: a %s snapshot is running and this one would be "
-                      "%s; stop it first", st.mode, mode, extra={"fields": {"signal": sig.id}})
+                      "%s; stop it first", st.mode, mode, extra=kv(signal=sig.id))
             return None, False
         add = [t for t in tables if t not in st.tables]
         if not add:
             log.warning("execute-snapshot ignored: its tables are already in the running "
-                        "snapshot", extra={"fields": {"signal": sig.id}})
+                        "snapshot", extra=kv(signal=sig.id))
             return None, False
         return dataclasses.replace(
             st, tables=st.tables + tuple(add),
@@ -406,8 +405,7 @@ class Snapshotter:
         if done and gen == self._gen:
             st = self.state
             assert st is not None
-            log.info("snapshot done", extra={"fields": {
-                "snapshot_id": st.snapshot_id, "tables": len(st.tables), "rows": st.rows_done}})
+            log.info("snapshot done", extra=kv(snapshot_id=st.snapshot_id, tables=len(st.tables), rows=st.rows_done))
 
     def _skip(self, table: str, gen: int) -> None:
         """Move past a table without chunks, and record it (a last empty table finishes)."""
@@ -422,9 +420,7 @@ class Snapshotter:
                 self._cond.notify_all()
             self._emit_progress(new)
             if new.finished:
-                log.info("snapshot done", extra={"fields": {
-                    "snapshot_id": new.snapshot_id, "tables": len(new.tables),
-                    "rows": new.rows_done}})
+                log.info("snapshot done", extra=kv(snapshot_id=new.snapshot_id, tables=len(new.tables), rows=new.rows_done))
             self._report_finished()
 
 

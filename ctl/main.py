@@ -41,15 +41,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def add_process_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags shared by every long-running process."""
-    p.add_argument("--config", "-c", help="TOML config file (kebab-case keys)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set storage.max-binlog-size=1048576")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-file", help="log to this file instead of stderr")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser: it knows the command names only (no command module imported)."""
     lines = [f"  {name:<10} {help_text}" for name, (_, help_text) in COMMANDS.items()]

@@ -64,6 +64,7 @@ from sluice.drainer.sink import Checkpoint, Sink, load_sink, sink_class
 from sluice.drainer.txn import CorruptTxn, SchemaHistory, Txn, unframe
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ EXIT_FENCED = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sluice.ctl.main import add_process_arguments
+    from sluice.core.cli import add_process_arguments
     add_process_arguments(p)
     p.add_argument("--addr", help="listen address host:port (overrides addr)")
     p.add_argument("--name", help="drainer name / node id (overrides name)")
@@ -895,7 +896,7 @@ class DrainerServer:
             log.warning("merge held by pump %s: its prewrite start_ts=%s of producer %r is "
                         "unresolved (%s); decide it: %s", held[0], held[1].get("start_ts"),  # type: ignore[index]
                         held[1].get("producer"), held[1].get("reason"), held[1].get("command"),  # type: ignore[index]
-                        extra={"fields": {"pump": held[0], "start_ts": held[1].get("start_ts")}})  # type: ignore[index]
+                        extra=kv(pump=held[0], start_ts=held[1].get("start_ts")))  # type: ignore[index]
         await self._set_label(HELD_BY_LABEL, text)
 
     async def _show_standbys(self, info: NodeInfo) -> None:

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 
 from sluice.core.errors import SluiceError
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +137,7 @@ class Txn:
             if m.table_version and info.version and m.table_version != info.version:
                 # Rows are decoded by commit_ts; a differing version stamp means the producer and
                 # the schema history disagree — worth a trace when a decode later fails.
-                log.warning("table version mismatch", extra={"fields": {
-                    "table_id": table_id, "rows_version": m.table_version,
-                    "schema_version": info.version, "commit_ts": commit_ts}})
+                log.warning("table version mismatch", extra=kv(table_id=table_id, rows_version=m.table_version, schema_version=info.version, commit_ts=commit_ts))
             schema_name = info.schema_name or m.schema_name
             table_name = info.table_name or m.table_name
             for ch in m.changes:
@@ -297,15 +296,13 @@ class SchemaHistory:
                 info = ddl.table_info
                 if ddl.table_id and info.table_id and ddl.table_id != info.table_id:
                     log.warning("ddl table_id differs from its table_info; using table_info's",
-                                extra={"fields": {"ddl_table_id": ddl.table_id,
-                                                  "info_table_id": info.table_id, "commit_ts": cts}})
+                                extra=kv(ddl_table_id=ddl.table_id, info_table_id=info.table_id, commit_ts=cts))
                 self.record(info.table_id or ddl.table_id, cts, info)
                 return
             prev = self._ddl_target(ddl, cts)
             if prev is None:
                 log.warning("ddl without table_info for an unknown table; shape not recorded",
-                            extra={"fields": {"type": pb.DDLType.Name(ddl.tp), "commit_ts": cts,
-                                              "table": f"{ddl.schema_name}.{ddl.table_name}"}})
+                            extra=kv(type=pb.DDLType.Name(ddl.tp), commit_ts=cts, table=f"{ddl.schema_name}.{ddl.table_name}"))
                 return
             if ddl.tp == pb.RENAME_TABLE:
                 renamed = pb.TableInfo()

@@ -13,6 +13,7 @@ from sluice.core import errors, grpcutil, ts
 from sluice.core.registry import NodeKind, NodeState
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
+from sluice.core.log import kv
 
 if TYPE_CHECKING:
     from .server import PumpServer
@@ -74,8 +75,7 @@ async def resolve_loop(server: "PumpServer") -> None:
                     log.warning("cannot resolve start_ts=%d of producer %r yet: %s; it holds "
                                 "this pump's watermark and every drainer: see `sluice ctl pumps`",
                                 txn.start_ts, txn.producer_id, e,
-                                extra={"fields": {"start_ts": txn.start_ts,
-                                                  "producer": txn.producer_id}})
+                                extra=kv(start_ts=txn.start_ts, producer=txn.producer_id))
             server.metrics.unresolved_checks.inc()
         live = {t.start_ts for t in waiting}
         for start_ts in [s for s in warned if s not in live]:

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sluice.ctl.main import add_process_arguments
+    from sluice.core.cli import add_process_arguments
     add_process_arguments(p)
     p.add_argument("--addr", help="listen address host:port (overrides addr)")
     p.add_argument("--data-dir", help="data directory (overrides data-dir)")

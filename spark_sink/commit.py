@@ -29,6 +29,7 @@ from typing import Any
 from sluice.core.errors import FailedPrecondition, SluiceError
 from sluice.spark_sink.catalog import Catalog, Head, Summary
 from sluice.spark_sink.tables import sql_str
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,7 @@ class Publisher:
         th = self.heads.get((db, table))
         s = head.summary
         if lost:
-            log.warning("spark commit lost a race on main; retrying", extra={"fields": {
-                "table": f"{db}.{table}", "head": head.snapshot,
-                "skip_commit_ts": s.commit_ts if s else 0}})
+            log.warning("spark commit lost a race on main; retrying", extra=kv(table=f"{db}.{table}", head=head.snapshot, skip_commit_ts=s.commit_ts if s else 0))
         self._move_branch(db, table, head.snapshot)
         th = self.heads[(db, table)] = TableHead(head.snapshot, s.commit_ts if s else 0,
                                                   s.batch if s else 0)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sluice.spark_sink.commit import Publisher
 from sluice.spark_sink.tables import sql_str
+from sluice.core.log import kv
 
 if TYPE_CHECKING:
     from sluice.spark_sink.sink import SparkSink
@@ -54,7 +55,5 @@ def maintain(sink: SparkSink, pub: Publisher) -> None:
             if type(e).__name__ in ("Fenced", "OwnedByAnother"):
                 raise
             # Maintenance failing never stops replication: logged, tried again next time.
-            log.warning("spark maintenance failed for a table", extra={"fields": {
-                "table": f"{db}.{table}", "error": str(e).splitlines()[0][:300]}})
-    log.info("spark maintenance done", extra={"fields": {
-        "tables": done, "seconds": round(time.monotonic() - t0, 2)}})
+            log.warning("spark maintenance failed for a table", extra=kv(table=f"{db}.{table}", error=str(e).splitlines()[0][:300]))
+    log.info("spark maintenance done", extra=kv(tables=done, seconds=round(time.monotonic() - t0, 2)))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from sluice.core.errors import ConfigError
 from sluice.spark_sink.config import SessionConfig
+from sluice.core.log import kv
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -119,7 +120,7 @@ def quiet(spark: SparkSession, level: str) -> None:
         for name in QUIET_LOGGERS:
             cfg.setLevel(name, off)
     except Exception as e:  # noqa: BLE001 - logging tweaks never stop a session
-        log.debug("could not quiet JVM loggers", extra={"fields": {"error": str(e)[:200]}})
+        log.debug("could not quiet JVM loggers", extra=kv(error=str(e)[:200]))
 
 
 def _launch_jvm(conf: dict[str, str], output: str) -> None:
@@ -150,7 +151,7 @@ def shutdown_jvm(timeout: float = 30.0) -> None:
     try:
         gateway.shutdown()
     except Exception as e:  # noqa: BLE001 - the JVM may already be gone
-        log.debug("gateway shutdown", extra={"fields": {"error": str(e)[:200]}})
+        log.debug("gateway shutdown", extra=kv(error=str(e)[:200]))
     SparkContext._gateway = None  # type: ignore[attr-defined]
     SparkContext._jvm = None  # type: ignore[attr-defined]
     if proc is None:
@@ -192,10 +193,8 @@ def session(cfg: SessionConfig, jvm_output: str | None = None) -> SparkSession:
             if "JAVA_GATEWAY_EXITED" not in str(e) or attempt == _JVM_START_ATTEMPTS:
                 raise
             log.warning("spark JVM exited at start; starting it again",
-                        extra={"fields": {"attempt": attempt, "error": str(e)[:200]}})
+                        extra=kv(attempt=attempt, error=str(e)[:200]))
             time.sleep(1.0)
     quiet(spark, cfg.log_level)
-    log.info("spark session started", extra={"fields": {
-        "master": cfg.master, "catalog": cfg.catalog, "catalog_type": cfg.catalog_type,
-        "warehouse": cfg.warehouse_uri}})
+    log.info("spark session started", extra=kv(master=cfg.master, catalog=cfg.catalog, catalog_type=cfg.catalog_type, warehouse=cfg.warehouse_uri))
     return spark

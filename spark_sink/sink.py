@@ -40,6 +40,7 @@ from sluice.spark_sink.catalog import Catalog, Summary
 from sluice.spark_sink.commit import Fenced, LostRace, OwnedByAnother, Publisher
 from sluice.spark_sink.config import SparkSinkConfig
 from sluice.spark_sink.types import RowReader, row_reader
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,7 @@ class SparkSink(Sink):
     async def open(self, checkpoint: Checkpoint) -> None:
         await self._run(self._open_sync)
         if checkpoint.commit_ts > self.committed_ts and self._last is not None:
-            log.info("drainer checkpoint is ahead of the spark marker table", extra={"fields": {
-                "drainer": checkpoint.commit_ts, "spark": self.committed_ts}})
+            log.info("drainer checkpoint is ahead of the spark marker table", extra=kv(drainer=checkpoint.commit_ts, spark=self.committed_ts))
 
     def _open_sync(self) -> None:
         if self._spark is None:
@@ -177,9 +177,7 @@ class SparkSink(Sink):
                 pub.open_table(st.db, st.name)
                 if cat.properties(st.db, st.name).get("write.merge.mode") != self.cfg.write_mode:
                     cat.set_write_mode(st.db, st.name, self.cfg.write_mode)
-        log.info("spark sink open", extra={"fields": {
-            "epoch": self._epoch, "batch": self._last.batch if self._last else 0,
-            "commit_ts": self.committed_ts, "tables": len(self._states)}})
+        log.info("spark sink open", extra=kv(epoch=self._epoch, batch=self._last.batch if self._last else 0, commit_ts=self.committed_ts, tables=len(self._states)))
 
     async def close(self) -> None:
         self._buf = _Buffer()
@@ -348,7 +346,7 @@ class SparkSink(Sink):
                 info = self._schema.table_at(ddl.table_id, txn.commit_ts)
             if info is None:
                 log.warning("DDL without a table shape; Iceberg tables unchanged",
-                            extra={"fields": {"ddl": ddl.query, "commit_ts": txn.commit_ts}})
+                            extra=kv(ddl=ddl.query, commit_ts=txn.commit_ts))
                 return
             old = self._states.get(info.table_id)
             if ddl.tp == pb.CREATE_TABLE:
@@ -369,8 +367,7 @@ class SparkSink(Sink):
         elif ddl.tp == pb.DROP_TABLE:
             st = self._target(ddl.table_id, ddl.schema_name, ddl.table_name)
             if st is None:
-                log.warning("DROP TABLE of a table the Spark sink never saw", extra={"fields": {
-                    "table": f"{ddl.schema_name}.{ddl.table_name}", "commit_ts": txn.commit_ts}})
+                log.warning("DROP TABLE of a table the Spark sink never saw", extra=kv(table=f"{ddl.schema_name}.{ddl.table_name}", commit_ts=txn.commit_ts))
                 return
             self._drop(st)
         elif ddl.tp == pb.DROP_DATABASE:
@@ -434,9 +431,7 @@ class SparkSink(Sink):
             elif op.kind == "drop_table":
                 self.publisher.forget(st.db, st.name)
         self._save_state(st)
-        log.info("spark table shape", extra={"fields": {
-            "table": f"{st.db}.{st.name}", "version": st.version, "incarnation": st.incarnation,
-            "ops": len(ops), "ddl": ddl[:200]}})
+        log.info("spark table shape", extra=kv(table=f"{st.db}.{st.name}", version=st.version, incarnation=st.incarnation, ops=len(ops), ddl=ddl[:200]))
 
     def _precheck(self, old: T.TableState | None, ops: list[T.Op]) -> None:
         """Before any table changes: a cast of the current table that would lose a value."""
@@ -457,8 +452,7 @@ class SparkSink(Sink):
 
     def _skip_table(self, old: T.TableState | None, info: pb.TableInfo, why: str) -> None:
         log.error("spark sink: skipping table after an unmappable change (on-unmappable = "
-                  "skip-table)", extra={"fields": {"table": f"{info.schema_name}.{info.table_name}",
-                                                   "reason": why}})
+                  "skip-table)", extra=kv(table=f"{info.schema_name}.{info.table_name}", reason=why))
         if old is not None:
             self._save_state(dataclasses.replace(old, skipped=True, version=info.version))
 
@@ -531,8 +525,7 @@ class SparkSink(Sink):
         self._save_state(moved)
         if info.version > st.version and len(info.columns):
             self._shape(info, ddl.query, txn.commit_ts, new_incarnation=False)
-        log.info("spark table renamed", extra={"fields": {
-            "from": f"{st.db}.{st.name}", "to": f"{new_db}.{new_name}"}})
+        log.info("spark table renamed", extra=kv(old=f"{st.db}.{st.name}", new=f"{new_db}.{new_name}"))
 
     def _drop(self, st: T.TableState) -> None:
         """DROP TABLE: the current table goes; the changelog (the table's history) stays."""
@@ -678,10 +671,7 @@ class SparkSink(Sink):
         for k, v in (*timing.items(), ("marker_s", t2 - t1), ("batch_s", t2 - t0)):
             self.timings[k] = self.timings.get(k, 0.0) + v
         self.timings["batches"] = self.timings.get("batches", 0) + 1
-        log.info("spark batch committed", extra={"fields": {
-            "batch": batch, "epoch": self._epoch, "commit_ts": buf.last_ts, "rows": nrows,
-            "tables": len(order), "changelog_s": round(timing["changelog_s"], 2),
-            "current_s": round(timing["current_s"], 2), "marker_s": round(t2 - t1, 2)}})
+        log.info("spark batch committed", extra=kv(batch=batch, epoch=self._epoch, commit_ts=buf.last_ts, rows=nrows, tables=len(order), changelog_s=round(timing["changelog_s"], 2), current_s=round(timing["current_s"], 2), marker_s=round(t2 - t1, 2)))
         self._since_maintenance += 1
         if self.cfg.maintenance_every and self._since_maintenance >= self.cfg.maintenance_every:
             self._since_maintenance = 0

@@ -27,7 +27,7 @@ from sluice.core.log import kv
 from sluice.core.metrics import Metrics
 from sluice.core.tls import SecurityConfig
 from sluice.core.tso_client import MAX_TS_BATCH
-from sluice.ctl.main import add_process_arguments
+from sluice.core.cli import add_process_arguments
 from sluice.proto import sluice_pb2 as pb, sluice_pb2_grpc as pbg
 
 from .allocator import Allocator, NoTerm, WindowExhausted

@@ -25,6 +25,7 @@ from typing import Any
 
 from sluice.capture.snapshot.keys import KeySpec, after, at_most, quote
 from sluice.core.errors import InvalidArgument
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,7 @@ class ChunkSplitter:
             self._done = True
         if not self._done:
             self._choose()
-        log.info("snapshot chunks planned", extra={"fields": {
-            "table": spec.qualified, "key": ",".join(spec.columns), "strategy": self.strategy or "-",
-            "step": self.step, "max_key": mk, "resume_after": self._lower, "chunks_done": chunks_done}})
+        log.info("snapshot chunks planned", extra=kv(table=spec.qualified, key=",".join(spec.columns), strategy=self.strategy or "-", step=self.step, max_key=mk, resume_after=self._lower, chunks_done=chunks_done))
 
     # -- strategy -----------------------------------------------------------------------------
 
@@ -165,8 +164,7 @@ class ChunkSplitter:
                 self._even_next = self._lower[0] + self.step
         else:
             log.info("snapshot key too sparse or too dense for even chunks; using query bounds",
-                     extra={"fields": {"table": self.spec.qualified, "factor": round(factor, 3),
-                                       "bounds": [o.factor_lower, o.factor_upper]}})
+                     extra=kv(table=self.spec.qualified, factor=round(factor, 3), bounds=[o.factor_lower, o.factor_upper]))
 
     def _next_upper_query(self) -> tuple[Any, ...] | None:
         spec = self.spec

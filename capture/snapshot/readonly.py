@@ -32,6 +32,7 @@ from sluice.capture.snapshot.reader import RowConverter, chunk_sql, select_rows
 from sluice.core import failpoint
 from sluice.core.errors import FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +199,7 @@ def read_chunk_consistent(conn: Any, hold: ConsistentReadHold, shape: TableShape
             finally:
                 cur.execute("COMMIT")
         hold.complete(ticket, shape, chunk, rows)
-        log.debug("consistent chunk read", extra={"fields": {
-            "table": chunk.table, "chunk": chunk.index, "rows": len(rows), "p": ticket.p}})
+        log.debug("consistent chunk read", extra=kv(table=chunk.table, chunk=chunk.index, rows=len(rows), p=ticket.p))
         return ticket
     except BaseException:
         hold.abandon(ticket)

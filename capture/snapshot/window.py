@@ -35,6 +35,7 @@ from sluice.capture.snapshot.signals import InvalidSignal, Signal, Watermark, pa
 from sluice.core import rowcodec
 from sluice.core.errors import FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class WindowReconciler:
                     w = self._windows.get(s.window_id)
                     if w is None:
                         log.debug("low watermark of an unknown window ignored",
-                                  extra={"fields": {"window": s.window_id}})
+                                  extra=kv(window=s.window_id))
                         continue
                     w.opened = True
                     self._by_table.setdefault(w.shape.key.qualified, []).append(w)

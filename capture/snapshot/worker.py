@@ -26,6 +26,7 @@ from sluice.capture.snapshot.reader import RowConverter, read_chunk
 from sluice.capture.snapshot.signals import watermark_row
 from sluice.capture.snapshot.window import WindowReconciler
 from sluice.core import failpoint
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,7 @@ class TableRun:
 
     def done(self, chunk: Any, rows: int, select_s: float) -> None:
         # One line per chunk: the count of chunk reads is how a restart proves it resumed.
-        log.info("snapshot chunk read", extra={"fields": {
-            "table": chunk.table, "chunk": chunk.index, "rows": rows,
-            "select_ms": round(select_s * 1000, 1)}})
+        log.info("snapshot chunk read", extra=kv(table=chunk.table, chunk=chunk.index, rows=rows, select_ms=round(select_s * 1000, 1)))
         with self.lock:
             self.rows += rows
             self.chunks += 1
@@ -89,9 +88,7 @@ class TableRun:
     def log(self, msg: str) -> None:
         el = max(1e-6, time.monotonic() - self.t0)
         rate, eta = self.eta()
-        log.info(msg, extra={"fields": {"table": self.shape.key.qualified, "rows": self.rows,
-                                        "chunks": self.chunks, "rows_per_s": round(rate),
-                                        "eta_s": eta, "elapsed_s": round(el, 1)}})
+        log.info(msg, extra=kv(table=self.shape.key.qualified, rows=self.rows, chunks=self.chunks, rows_per_s=round(rate), eta_s=eta, elapsed_s=round(el, 1)))
 
 
 def _threads(run: TableRun, parallelism: int, body: Callable[[Any], None],

@@ -28,6 +28,7 @@ from sluice.core.rowcodec import row_to_dict
 from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, sink_options
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +174,10 @@ class FileSink(Sink):
                                     f"{'is missing' if size is None else f'has {size}'}")
             for s, p in existing:
                 if s > seq:
-                    log.info("removing file written past the checkpoint", extra={"fields": {
-                        "file": p.name, "checkpoint_commit_ts": cp.commit_ts}})
+                    log.info("removing file written past the checkpoint", extra=kv(file=p.name, checkpoint_commit_ts=cp.commit_ts))
                     p.unlink()
             if size is not None and size > offset:
-                log.info("truncating file to the checkpoint", extra={"fields": {
-                    "file": name, "from": size, "to": offset, "checkpoint_commit_ts": cp.commit_ts}})
+                log.info("truncating file to the checkpoint", extra=kv(file=name, size=size, to=offset, checkpoint_commit_ts=cp.commit_ts))
             self._open_file(seq, truncate_to=offset)
         else:
             seq = existing[-1][0] + 1 if existing else 1
@@ -186,8 +185,7 @@ class FileSink(Sink):
                 # Without sink state nothing in those files is known to be covered by the
                 # checkpoint, so they are kept untouched and writing continues in a new file.
                 log.warning("existing files but no file-sink state in the checkpoint; starting a "
-                            "new file", extra={"fields": {"dir": str(self._dir),
-                                                          "file": file_name(seq)}})
+                            "new file", extra=kv(dir=str(self._dir), file=file_name(seq)))
             self._open_file(seq, truncate_to=0)
 
     def _open_file(self, seq: int, truncate_to: int) -> None:

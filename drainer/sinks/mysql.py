@@ -47,6 +47,7 @@ from sluice.drainer.sql import (IDEMPOTENT_DDL_ERRORS, batch_sql, create_databas
 from sluice.drainer.translator import RowChange, Translator
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
 
@@ -467,10 +468,7 @@ class MySQLSink(Sink):
         safe = self._cfg.safe_mode or self._safe_until > start
         self._m.safe_mode.set(1 if safe else 0)
         self._m.applied.set(start)
-        log.info("mysql sink open", extra={"fields": {
-            "name": self._name, "epoch": self._epoch, "checkpoint": cp.commit_ts,
-            "downstream_checkpoint": downstream, "dispatched_upper": upper,
-            "safe_mode_until": self._safe_until if safe else 0}})
+        log.info("mysql sink open", extra=kv(name=self._name, epoch=self._epoch, checkpoint=cp.commit_ts, downstream_checkpoint=downstream, dispatched_upper=upper, safe_mode_until=self._safe_until if safe else 0))
         # Workers connect now, not at their first batch: open() fails fast on a downstream that
         # refuses connections, and each connection (pymysql builds a TLS context per connect,
         # tens of ms of CPU) is paid before the stream rather than in the apply path.
@@ -532,9 +530,7 @@ class MySQLSink(Sink):
                         cur.execute("ROLLBACK")
                         continue
                     if stored != self._epoch:
-                        log.info("mysql sink took over", extra={"fields": {
-                            "name": self._name, "old_epoch": stored, "epoch": self._epoch,
-                            "killed": ids}})
+                        log.info("mysql sink took over", extra=kv(name=self._name, old_epoch=stored, epoch=self._epoch, killed=ids))
                     return
             finally:
                 cur.execute("SET SESSION innodb_lock_wait_timeout=%s", (self._cfg.lock_wait_timeout,))
@@ -735,7 +731,7 @@ class MySQLSink(Sink):
             if not existed:
                 log.info("mysql sink created a missing %s" if kind != "replaced table" else
                          "mysql sink dropped a table it created from a schema snapshot: a DDL creates it",
-                         kind, extra={"fields": {"target": target, "commit_ts": commit_ts, "sql": sql[:500]}})
+                         kind, extra=kv(target=target, commit_ts=commit_ts, sql=sql[:500]))
                 if kind != "replaced table":
                     self._m.created.labels(kind).inc()
             done[0] = not existed
@@ -825,8 +821,7 @@ class MySQLSink(Sink):
                     except pymysql.err.MySQLError as e:
                         if (replay[0] or n > 0) and _error_code(e) in IDEMPOTENT_DDL_ERRORS:
                             log.warning("mysql sink: DDL already applied, skipped in safe mode",
-                                        extra={"fields": {"commit_ts": item.commit_ts, "target": target,
-                                                          "error": _error_code(e), "sql": stmt[:200]}})
+                                        extra=kv(commit_ts=item.commit_ts, target=target, error=_error_code(e), sql=stmt[:200]))
                             continue
                         raise
 
