@@ -53,8 +53,7 @@ from sluice.capture.reader import (BinlogReader, SourceDisconnected, SourceTxn, 
 from sluice.capture.schema import SchemaTracker, TableFilter, version_of
 from sluice.capture.snapshot.modes import SnapshotMode, StartState, decide, parse_mode
 from sluice.capture.snapshot.progress import SnapshotState, decode, encode
-from sluice.capture.snapshot.signals import (InvalidSignal, etcd_progress_key,
-                                             etcd_signal_prefix, parse_etcd_signal)
+from sluice.capture.snapshot.signals import InvalidSignal, parse_etcd_signal
 from sluice.capture.snapshotter import READ_ONLY, SIGNAL_TABLE, Snapshotter, new_state
 from sluice.capture.writer import GroupWriter
 from sluice.client.pumps import PumpsClient
@@ -64,7 +63,7 @@ from sluice.core import errors
 from sluice.core import log as logsetup
 from sluice.core.etcd import Etcd
 from sluice.core.position import format_position, is_empty
-from sluice.core.registry import Registry
+from sluice.core.registry import Registry, captured_tables_path, snapshot_progress_path
 from sluice.core.rewind import delete_rewind, read_rewind
 from sluice.core.tso_client import TSOClient
 from sluice.proto import sluice_pb2 as pb
@@ -397,7 +396,7 @@ class Capture:
         captured = sorted(f"{db}.{table}" for db, table, _ in defs
                           if self.tracker.filter.captures(db, table)
                           and f"{db}.{table}" != c.signal_table)
-        key = f"capture-tables/{c.producer_id}"
+        key = captured_tables_path(c.producer_id)
         first_start = is_empty(pos)
         declared = None if first_start else await asyncio.to_thread(self.registry.get_json, key)
         todo = [x for x in captured if declared is None or x not in declared]
@@ -521,7 +520,7 @@ class Capture:
         applied once per process and deleted once its effect is committed (`_acked`)."""
         snap = self.snapshotter
         assert snap is not None
-        prefix = etcd_signal_prefix(self.registry, self.config.producer_id)
+        prefix = self.registry.signals_prefix(self.config.producer_id)
         seen: set[str] = set()
         while not self._stop.wait(SIGNAL_POLL_S):
             for key in snap.committed(()):    # signals that changed nothing: no commit to wait for
@@ -639,7 +638,7 @@ class Capture:
     async def _publish_progress(self) -> None:
         """The last committed snapshot progress, as JSON in etcd for `sluice ctl snapshot
         status` (at most every PUBLISH_S; a failed write is retried with the next change)."""
-        key = etcd_progress_key(self.registry, self.config.producer_id)
+        key = self.registry.cluster_key(snapshot_progress_path(self.config.producer_id))
         published: pb.SnapshotProgress | None = None
         while True:
             await asyncio.sleep(PUBLISH_S)

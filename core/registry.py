@@ -46,6 +46,67 @@ from .ts import now_ts
 log = logging.getLogger(__name__)
 
 ROOT = "/sluice"
+
+# -- key names ---------------------------------------------------------------------------------
+# Every key Sluice keeps in etcd is named here and nowhere else. Node keys sit under
+# `<kind>/<node_id>/`; a *path* is relative to the cluster root (Registry.cluster_key, get_json);
+# a *key* is absolute.
+STATUS, ALIVE = "status", "alive"            # a node's persistent status / lease-backed heartbeat
+DRAINER_LEADER = "leader"                    # drainers/<name>/leader: the active HA instance
+DRAINER_CHECKPOINT = "checkpoint"            # drainers/<name>/checkpoint: Checkpoint.to_json()
+STANDBY_SEGMENT = "standby"                  # drainers/<name>/standby/<addr>: waiting standbys
+CONFIG_PATH = "config"                       # {"replicas": N}, shared by pumps and clients
+
+
+def cluster_root(cluster_id: int) -> str:
+    """`/sluice/<cluster_id>/`: everything of one cluster lives below it."""
+    return f"{ROOT}/{cluster_id}/"
+
+
+def tso_leader_key(cluster_id: int) -> str:
+    """The TSO leader (LeaderInfo JSON, bound to the leader's lease)."""
+    return f"{cluster_root(cluster_id)}tso/leader"
+
+
+def tso_window_key(cluster_id: int) -> str:
+    """The TSO's persisted upper bound of timestamps it may hand out."""
+    return f"{cluster_root(cluster_id)}tso/window"
+
+
+def drainer_epoch_path(name: str) -> str:
+    """The HA epoch counter of drainer `name` (fencing)."""
+    check_node_id(name)
+    return f"drainer-epochs/{name}"
+
+
+def producer_path(producer_id: str, leaf: str) -> str:
+    """`producers/<id>/<leaf>`: per-producer values beside the node's status and alive keys
+    (the registry's node listing reads only those two)."""
+    check_node_id(producer_id)
+    return f"{NodeKind.PRODUCER.value}/{producer_id}/{leaf}"
+
+
+def rewind_path(producer_id: str) -> str:
+    """A producer's pending rewind (`ctl position set`, core/rewind.py)."""
+    return producer_path(producer_id, "rewind")
+
+
+def signals_path(producer_id: str) -> str:
+    """The prefix (without the trailing '/') of a read-only capture's etcd snapshot signals."""
+    return producer_path(producer_id, "signals")
+
+
+def snapshot_progress_path(producer_id: str) -> str:
+    """Where a capture publishes its snapshot progress for `sluice ctl snapshot status`."""
+    return producer_path(producer_id, "snapshot")
+
+
+def captured_tables_path(producer_id: str) -> str:
+    """The tables a capture declared it captures (a newly captured one gets a snapshot)."""
+    check_node_id(producer_id)
+    return f"capture-tables/{producer_id}"
+
+
 # A CAS loop that keeps losing for this long is not contention any more: something is wrong.
 CAS_MAX_ATTEMPTS = 1000
 
@@ -154,17 +215,35 @@ class Registry:
     def __init__(self, etcd: Etcd, cluster_id: int) -> None:
         self.etcd = etcd
         self.cluster_id = cluster_id
-        self.root = f"{ROOT}/{cluster_id}/"
+        self.root = cluster_root(cluster_id)
 
     # -- keys ------------------------------------------------------------------------------
     def kind_prefix(self, kind: NodeKind) -> str:
         return f"{self.root}{NodeKind(kind).value}/"
 
-    def key(self, kind: NodeKind, node_id: str, part: str = "status") -> str:
-        if part not in ("status", "alive"):
-            raise InvalidArgument(f"unknown node key part {part!r} (status or alive)")
+    def node_prefix(self, kind: NodeKind, node_id: str) -> str:
         check_node_id(node_id)
-        return f"{self.kind_prefix(kind)}{node_id}/{part}"
+        return f"{self.kind_prefix(kind)}{node_id}/"
+
+    def key(self, kind: NodeKind, node_id: str, part: str = STATUS) -> str:
+        if part not in (STATUS, ALIVE):
+            raise InvalidArgument(f"unknown node key part {part!r} ({STATUS} or {ALIVE})")
+        return self.node_prefix(kind, node_id) + part
+
+    def drainer_leader_key(self, name: str) -> str:
+        return self.node_prefix(NodeKind.DRAINER, name) + DRAINER_LEADER
+
+    def drainer_checkpoint_key(self, name: str) -> str:
+        return self.node_prefix(NodeKind.DRAINER, name) + DRAINER_CHECKPOINT
+
+    def drainer_standby_prefix(self, name: str) -> str:
+        return f"{self.node_prefix(NodeKind.DRAINER, name)}{STANDBY_SEGMENT}/"
+
+    def drainer_epoch_key(self, name: str) -> str:
+        return self.cluster_key(drainer_epoch_path(name))
+
+    def signals_prefix(self, producer_id: str) -> str:
+        return self.cluster_key(signals_path(producer_id)) + "/"
 
     def cluster_key(self, path: str) -> str:
         path = path.strip("/")
@@ -186,8 +265,7 @@ class Registry:
                                 force=force, create=True)
 
     def get(self, kind: NodeKind, node_id: str) -> NodeInfo | None:
-        check_node_id(node_id)
-        prefix = f"{self.kind_prefix(kind)}{node_id}/"
+        prefix = self.node_prefix(kind, node_id)
         kvs, _ = self.etcd.get_prefix(prefix)
         nodes = _group(kind, prefix=self.kind_prefix(kind), kvs=kvs)
         return nodes.get(node_id)
@@ -226,7 +304,7 @@ class Registry:
     def _cas_status(self, kind: NodeKind, node_id: str, fn: Callable[[NodeStatus], NodeStatus],
                     force: bool, create: bool) -> NodeStatus:
         kind = NodeKind(kind)
-        key = self.key(kind, node_id, "status")
+        key = self.key(kind, node_id, STATUS)
         tx = self.etcd.tx
         for _ in range(CAS_MAX_ATTEMPTS):
             raw, meta = self.etcd.get(key)
@@ -261,7 +339,7 @@ class Registry:
     def heartbeat(self, kind: NodeKind, node_id: str, ttl: int) -> Heartbeat:
         """A (not yet started) Heartbeat for the node's alive key."""
         value = json.dumps({"node_id": node_id, "pid": os.getpid(), "host": socket.gethostname()})
-        return Heartbeat(self.etcd, self.key(kind, node_id, "alive"), value, ttl)
+        return Heartbeat(self.etcd, self.key(kind, node_id, ALIVE), value, ttl)
 
     def watch(self, kind: NodeKind, on_change: OnChange,
               since: tuple[list[NodeInfo], int] | None = None, resync_s: float = 5.0) -> Watcher:
@@ -309,7 +387,7 @@ def _split(prefix: str, key: bytes | str) -> tuple[str, str] | None:
     if not k.startswith(prefix):
         return None
     node_id, sep, part = k[len(prefix):].partition("/")
-    if not sep or part not in ("status", "alive"):
+    if not sep or part not in (STATUS, ALIVE):
         return None
     return node_id, part
 
@@ -322,7 +400,7 @@ def _group(kind: NodeKind, prefix: str, kvs: list[tuple[bytes, Any]]) -> dict[st
         if split is None:
             continue
         node_id, part = split
-        if part == "alive":
+        if part == ALIVE:
             alive.add(node_id)
         else:
             statuses[node_id] = (_parse_status(node_id, value), meta.mod_revision)
@@ -614,7 +692,7 @@ class Watcher:
                 continue
             node_id, part = split
             is_put = type(event).__name__ == "PutEvent"
-            if part == "alive":
+            if part == ALIVE:
                 if is_put:
                     self._alive.add(node_id)
                 else:

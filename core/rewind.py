@@ -8,15 +8,10 @@ pumps' recorded positions and the drainers' per-producer filters follow the rewi
 from __future__ import annotations
 
 from sluice.core.position import parse_position
-from sluice.core.registry import Registry
+from sluice.core.registry import Registry, rewind_path
 from sluice.proto import sluice_pb2 as pb
 
-__all__ = ["rewind_path", "read_rewind", "delete_rewind"]
-
-
-def rewind_path(producer_id: str) -> str:
-    """The registry path (under the cluster prefix) of a producer's pending rewind."""
-    return f"producers/{producer_id}/rewind"
+__all__ = ["read_rewind", "delete_rewind"]
 
 
 def read_rewind(registry: Registry, producer_id: str) -> tuple[pb.Position | None, int]:

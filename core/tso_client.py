@@ -38,6 +38,7 @@ from sluice.proto import sluice_pb2 as pb, sluice_pb2_grpc as pbg
 
 from . import errors, grpcutil
 from .etcd import Etcd
+from .registry import tso_leader_key
 from .tls import SecurityConfig
 
 log = logging.getLogger(__name__)
@@ -50,14 +51,6 @@ _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
               grpc.StatusCode.CANCELLED}
 
 T = TypeVar("T")
-
-
-def leader_key(cluster_id: int) -> str:
-    return f"/sluice/{cluster_id}/tso/leader"
-
-
-def window_key(cluster_id: int) -> str:
-    return f"/sluice/{cluster_id}/tso/window"
 
 
 @dataclass(frozen=True)
@@ -81,7 +74,7 @@ class LeaderInfo:
 
 def read_leader(etcd: Etcd, cluster_id: int) -> LeaderInfo | None:
     """The current TSO leader from etcd (blocking), or None when no leader holds the key."""
-    raw, _ = etcd.get(leader_key(cluster_id))
+    raw, _ = etcd.get(tso_leader_key(cluster_id))
     return LeaderInfo.from_json(raw) if raw else None
 
 
@@ -215,7 +208,7 @@ class TSOClient:
                 self._addr = await self._leader_from_etcd()
                 if self._addr is None:
                     self._last_error = ("no TSO leader registered in etcd "
-                                        f"({leader_key(self.cluster_id)})")
+                                        f"({tso_leader_key(self.cluster_id)})")
             addr = self._addr
             hinted = False
             if addr is not None:

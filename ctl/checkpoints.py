@@ -19,8 +19,8 @@ import dataclasses
 from sluice.core import errors
 from sluice.core import ts as tsmod
 from sluice.core.position import parse_position
-from sluice.core.registry import NodeKind, NodeStatus
-from sluice.drainer.checkpoint import checkpoint_key, encode_positions, read_checkpoint
+from sluice.core.registry import ALIVE, STATUS, NodeKind, NodeStatus
+from sluice.drainer.checkpoint import encode_positions, read_checkpoint
 from sluice.drainer.sink import Checkpoint
 
 from . import render
@@ -114,9 +114,9 @@ def set_checkpoint(ctx: Ctx, args: argparse.Namespace) -> int:
     reg = ctx.registry
     etcd = reg.etcd
     tx = etcd.tx
-    cp_key = checkpoint_key(reg, name)
-    alive_key = reg.key(NodeKind.DRAINER, name, "alive")
-    status_key = reg.key(NodeKind.DRAINER, name, "status")
+    cp_key = reg.drainer_checkpoint_key(name)
+    alive_key = reg.key(NodeKind.DRAINER, name, ALIVE)
+    status_key = reg.key(NodeKind.DRAINER, name, STATUS)
     for _ in range(CAS_ATTEMPTS):
         info = reg.get(NodeKind.DRAINER, name)
         if info is not None and info.alive:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from sluice.core import errors
 from sluice.core import ts as tsmod
-from sluice.core.tso_client import TSOClient, leader_key, read_leader
+from sluice.core.registry import tso_leader_key
+from sluice.core.tso_client import TSOClient, read_leader
 
 from . import render
 from .context import Ctx
@@ -38,7 +39,7 @@ def fresh_ts(ctx: Ctx) -> int:
     leader = read_leader(ctx.etcd, ctx.cluster_id)
     if leader is None:
         raise errors.Unavailable(f"no TSO leader registered in cluster {ctx.cluster_id} (etcd key "
-                                 f"{leader_key(ctx.cluster_id)}): is a `sluice tso` running?")
+                                 f"{tso_leader_key(ctx.cluster_id)}): is a `sluice tso` running?")
 
     async def one() -> int:
         client = TSOClient([leader.addr], ctx.cluster_id, etcd=ctx.etcd,

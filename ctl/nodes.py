@@ -16,7 +16,8 @@ import dataclasses
 import time
 
 from sluice.core import errors
-from sluice.core.registry import LEGAL_TRANSITIONS, NodeInfo, NodeKind, NodeState, NodeStatus
+from sluice.core.registry import (CONFIG_PATH, LEGAL_TRANSITIONS, STANDBY_SEGMENT, NodeInfo,
+                                  NodeKind, NodeState, NodeStatus)
 
 from . import render
 from .context import SINGULAR, Ctx
@@ -25,7 +26,6 @@ from .context import SINGULAR, Ctx
 FINAL = {NodeState.PAUSING: NodeState.PAUSED, NodeState.CLOSING: NodeState.OFFLINE}
 WAIT_POLL_S = 0.2
 LOST_LABEL = "lost"
-CONFIG_PATH = "config"   # cluster-level JSON {"replicas": N} (absent: 1)
 
 
 def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -99,7 +99,6 @@ def list_nodes(ctx: Ctx, kind: NodeKind) -> int:
 
 def live_standbys(ctx: Ctx) -> dict[str, list[str]]:
     """Drainer name -> addresses of its standbys whose lease-backed keys exist now."""
-    from sluice.drainer.ha import STANDBY_SEGMENT
     prefix = ctx.registry.kind_prefix(NodeKind.DRAINER)
     kvs, _ = ctx.registry.etcd.get_prefix(prefix)
     out: dict[str, list[str]] = {}

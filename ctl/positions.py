@@ -31,8 +31,8 @@ import grpc
 
 from sluice.core import errors
 from sluice.core.position import format_position, is_empty, max_position, parse_position
-from sluice.core.registry import NodeKind, NodeState
-from sluice.core.rewind import read_rewind, rewind_path
+from sluice.core.registry import ALIVE, NodeKind, NodeState, rewind_path
+from sluice.core.rewind import read_rewind
 from sluice.drainer.checkpoint import read_checkpoint
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
@@ -148,7 +148,7 @@ def set_position(ctx: Ctx, args: argparse.Namespace) -> int:
     want.generation = doc["generation"]
     etcd, key = registry.etcd, registry.cluster_key(rewind_path(producer))
     tx = etcd.tx
-    alive_key = registry.key(NodeKind.PRODUCER, producer, "alive")
+    alive_key = registry.key(NodeKind.PRODUCER, producer, ALIVE)
     cond = [tx.version(alive_key) == 0,
             tx.version(key) == 0 if rev == 0 else tx.mod(key) == rev]
     ok, _ = etcd.txn(cond, [tx.put(key, json.dumps(doc, sort_keys=True))])

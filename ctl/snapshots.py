@@ -20,10 +20,9 @@ import json
 import time
 import uuid
 
-from sluice.capture.snapshot.signals import (etcd_progress_key, etcd_signal_prefix,
-                                             parse_etcd_signal, parse_signal)
+from sluice.capture.snapshot.signals import parse_etcd_signal, parse_signal
 from sluice.core import errors
-from sluice.core.registry import NodeKind
+from sluice.core.registry import NodeKind, snapshot_progress_path
 
 from . import render
 from .context import Ctx
@@ -81,7 +80,7 @@ def _sender(verb: str):  # type: ignore[no-untyped-def]
         doc = {"id": sid, "type": f"{verb}-snapshot", "data": data}
         if args.signal_table or args.source:
             return _send_to_table(ctx, args, doc)
-        key = etcd_signal_prefix(ctx.keys, args.producer) + sid
+        key = ctx.keys.signals_prefix(args.producer) + sid
         value = json.dumps(doc, sort_keys=True)
         parse_etcd_signal(key, value)     # InvalidSignal (exit 2) before anything is written
         if ctx.registry.get(NodeKind.PRODUCER, args.producer) is None:
@@ -142,9 +141,9 @@ def quote_name(name: str) -> str:
 
 
 def status(ctx: Ctx, args: argparse.Namespace) -> int:
-    raw, _ = ctx.etcd.get(etcd_progress_key(ctx.registry, args.producer))
+    raw, _ = ctx.etcd.get(ctx.registry.cluster_key(snapshot_progress_path(args.producer)))
     progress = json.loads(raw) if raw is not None else None
-    kvs, _ = ctx.etcd.get_prefix(etcd_signal_prefix(ctx.registry, args.producer))
+    kvs, _ = ctx.etcd.get_prefix(ctx.registry.signals_prefix(args.producer))
     pending = []
     for value, _meta in kvs:
         try:

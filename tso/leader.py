@@ -32,7 +32,8 @@ from sluice.core import failpoint
 from sluice.core.errors import EtcdUnavailable, NotLeader, SluiceError, Unavailable
 from sluice.core.etcd import Etcd
 from sluice.core.log import kv
-from sluice.core.tso_client import LeaderInfo, leader_key, window_key
+from sluice.core.registry import tso_leader_key, tso_window_key
+from sluice.core.tso_client import LeaderInfo
 
 from .allocator import Allocator
 
@@ -82,8 +83,8 @@ class Leadership:
         self.margin_s = margin_ms / 1000.0
         self.on_change = on_change
         self.clock = clock
-        self.leader_key = leader_key(cluster_id)
-        self.window_key = window_key(cluster_id)
+        self.leader_key = tso_leader_key(cluster_id)
+        self.window_key = tso_window_key(cluster_id)
         self.term: Term | None = None
         self.known_leader: LeaderInfo | None = None
         self.etcd_error: str | None = None     # last etcd failure, cleared by any success

@@ -7,10 +7,10 @@ Formats (Debezium-compatible, docs/snapshots.md):
 - signal table `(id VARCHAR(42) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048))`;
   the capture reads its inserts from the binlog (the table itself is never captured as data);
 - etcd: a JSON object `{"id": ..., "type": ..., "data": {...}}` under
-  `/sluice/<cluster>/producers/<producer_id>/signals/<id>` (`etcd_signal_prefix`) for read-only
+  `/sluice/<cluster>/producers/<producer_id>/signals/<id>` (core/registry.py `signals_path`) for read-only
   sources; `data` may also be the JSON text, as in the table. The capture deletes a key once the
   signal's effect is committed to the pumps, and publishes its snapshot progress as JSON at
-  `/sluice/<cluster>/producers/<producer_id>/snapshot` (`etcd_progress_key`).
+  `/sluice/<cluster>/producers/<producer_id>/snapshot` (`snapshot_progress_path`).
 
 Types: `execute-snapshot` (data-collections: regexes on "db.table", full match; type incremental
 (default) or read-only; additional-conditions: [{data-collection, filter}]; surrogate-key),
@@ -29,8 +29,7 @@ from sluice.core.errors import InvalidArgument
 
 __all__ = ["InvalidSignal", "ExecuteSnapshot", "StopSnapshot", "PauseSnapshot", "ResumeSnapshot",
            "LogSignal", "Watermark", "Signal", "parse_signal", "parse_etcd_signal",
-           "watermark_row", "WINDOW_OPEN", "WINDOW_CLOSE", "SIGNAL_TABLE_DDL",
-           "etcd_signal_prefix", "etcd_progress_key"]
+           "watermark_row", "WINDOW_OPEN", "WINDOW_CLOSE", "SIGNAL_TABLE_DDL"]
 
 WINDOW_OPEN = "snapshot-window-open"
 WINDOW_CLOSE = "snapshot-window-close"
@@ -220,18 +219,6 @@ def parse_etcd_signal(key: str, value: bytes | str) -> Signal:
     if not isinstance(obj, dict) or "type" not in obj:
         raise InvalidSignal(key_id, f"etcd value at {key} must be an object with 'type' and 'data'")
     return parse_signal(obj.get("id") or key_id, obj["type"], obj.get("data"))
-
-
-def etcd_signal_prefix(registry: Any, producer_id: str) -> str:
-    """The etcd prefix a capture watches for signals (registry: a core.registry.Registry).
-
-    Beside the producer's `status`/`alive` keys, which the registry's node listing ignores."""
-    return registry.cluster_key(f"producers/{producer_id}/signals") + "/"
-
-
-def etcd_progress_key(registry: Any, producer_id: str) -> str:
-    """Where a capture publishes its snapshot progress (JSON) for `sluice ctl snapshot status`."""
-    return registry.cluster_key(f"producers/{producer_id}/snapshot")
 
 
 def watermark_row(window_id: str, open_: bool) -> tuple[str, str, str]:

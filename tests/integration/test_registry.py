@@ -107,6 +107,26 @@ def test_key_layout(client: Etcd) -> None:
         reg.register(pump("bad/id"))
 
 
+def test_every_key_name_keeps_the_documented_layout() -> None:
+    """The key names of core/registry.py spell the layout existing clusters hold in etcd
+    (docs/architecture.md): renaming one would orphan what a running cluster stored."""
+    from sluice.core import registry as r
+    reg = Registry(None, 11)  # type: ignore[arg-type]  # naming keys needs no etcd
+    assert r.tso_leader_key(11) == "/sluice/11/tso/leader"
+    assert r.tso_window_key(11) == "/sluice/11/tso/window"
+    assert reg.drainer_leader_key("d1") == "/sluice/11/drainers/d1/leader"
+    assert reg.drainer_checkpoint_key("d1") == "/sluice/11/drainers/d1/checkpoint"
+    assert reg.drainer_standby_prefix("d1") == "/sluice/11/drainers/d1/standby/"
+    assert reg.drainer_epoch_key("d1") == "/sluice/11/drainer-epochs/d1"
+    assert reg.cluster_key(r.CONFIG_PATH) == "/sluice/11/config"
+    assert reg.cluster_key(r.rewind_path("c1")) == "/sluice/11/producers/c1/rewind"
+    assert reg.signals_prefix("c1") == "/sluice/11/producers/c1/signals/"
+    assert reg.cluster_key(r.snapshot_progress_path("c1")) == "/sluice/11/producers/c1/snapshot"
+    assert reg.cluster_key(r.captured_tables_path("c1")) == "/sluice/11/capture-tables/c1"
+    with pytest.raises(InvalidArgument):
+        r.rewind_path("a/b")
+
+
 def test_alive_vanishes_on_lease_expiry_status_stays(etcd, client: Etcd, tmp_path) -> None:  # noqa: ANN001
     """Alive is not gone: a node leaves only by state."""
     script = (
