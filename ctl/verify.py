@@ -34,6 +34,7 @@ from sluice.capture.snapshot.chunks import ChunkSplitter, SplitOptions
 from sluice.capture.snapshot.keys import KeySpec, NoSnapshotKey, after, at_most, load_shape, \
     quote
 from sluice.core import errors, rowcodec
+from sluice.core.secrets import mask_dsn
 from sluice.proto import sluice_pb2 as pb
 
 from . import render
@@ -178,24 +179,14 @@ class MySQLDSN:
             u = urllib.parse.urlsplit(dsn)
             port = u.port or 3306
         except ValueError as e:
-            raise errors.ConfigError(f"{what} {redact(dsn)}: {e}") from None
+            raise errors.ConfigError(f"{what} {mask_dsn(dsn)}: {e}") from None
         if u.scheme not in ("mysql", "mariadb") or not u.hostname:
-            raise errors.ConfigError(f"{what} {redact(dsn)}: want mysql://user:password@host:port")
+            raise errors.ConfigError(f"{what} {mask_dsn(dsn)}: want mysql://user:password@host:port")
         return cls(u.hostname, port, urllib.parse.unquote(u.username or "root"),
                    urllib.parse.unquote(u.password or ""))
 
     def __str__(self) -> str:
         return f"mysql://{self.user}:***@{self.host}:{self.port}"
-
-
-def redact(dsn: str) -> str:
-    try:
-        u = urllib.parse.urlsplit(dsn)
-        if u.password:
-            return dsn.replace(f":{u.password}@", ":***@")
-    except ValueError:
-        pass
-    return dsn
 
 
 class MySQLSide:

@@ -581,6 +581,14 @@ def test_mask_dsn_hides_every_password_form() -> None:
     assert mask_dsn("mysql://app:p@ss@db-host/shop?x=1") == "mysql://app:***@db-host/shop?x=1"
     assert mask_dsn("mysql://app@db-host/shop") == "mysql://app@db-host/shop"
     assert mask_dsn("host=h user=u password=s3cret;db=x") == "host=h user=u password=***;db=x"
+    # ctl verify's former redaction kept the host beside an '@' in the query, and showed the
+    # password of a netloc urllib cannot parse
+    assert mask_dsn("mysql://u:pw@h?email=a@b") == "mysql://u:***@h?email=a@b"
+    assert mask_dsn("mysql://u:pw@[::1:3306/db") == "mysql://u:***@[::1:3306/db"
+    # and what neither did: a password holding '/', '?' or '#', a password= query parameter
+    assert mask_dsn("mysql://u:pa/s@s@h/db") == "mysql://u:***@h/db"
+    assert mask_dsn("mysql://u:p?w#x@h:1/db") == "mysql://u:***@h:1/db"
+    assert mask_dsn("mysql://u@h/db?password=sec&x=1") == "mysql://u@h/db?password=***&x=1"
 
 
 def test_snapshot_signal_table_channel_refuses_incomplete_or_bad_requests(live: Live) -> None:
