@@ -3,34 +3,11 @@
 Invariant: a rows event is decoded only against a TableMap seen earlier in the same transaction;
 a rows event whose table_id has no TableMap there is fatal (UnknownTableId, naming the
 transaction's GTID and position), never skipped. The resume position of every transaction is its
-first event (the GTID event).
+first event (the GTID event). A transaction cut by a lost connection is dropped whole.
 
-mysql-replication silently drops a rows event whose table_id it has no TableMap for (its
-RowsEvent catches the KeyError and marks itself unprocessed). We close that hole where it
-happens: `StrictBinLogStreamReader.table_map` is a property whose dict raises UnknownTableId from
-`__missing__` (not a KeyError, so the library's `except KeyError` does not swallow it), and the
-property re-wraps the plain `{}` the library assigns at every rotate. On top of that the
-Assembler keeps its own per-transaction TableMap cache, cleared at XID / COMMIT / a standalone
-DDL, and raises the same error if a rows event is not in it. The library's cache is cleared at the
-same points, so both agree that a TableMap lives for one transaction.
-
-Transaction boundaries on MariaDB: a GTID event starts every event group (there is no BEGIN query
-event); a transactional group ends with an XID event, a non-transactional one (MyISAM rows) with a
-`COMMIT` query event, and a standalone group (flag FL_STANDALONE: DDL) with its single query event.
-
-The library's MariaDB COM_BINLOG_DUMP packet declares a 14-byte payload but sends 15 bytes (its
-length forgets the command byte). The server reads packets by their declared length, so the 15th
-byte stays in its socket's receive queue; when it ends the dump (the end of the binlog in
-non-blocking mode, an error such as a purged GTID, a shutdown) it closes a socket with unread
-data, and the kernel answers with an RST instead of a FIN, discarding everything still queued
-for sending. The server finishes writing long before a slow reader has read, so the reader got
-"Connection reset by peer" at the same binlog offset on every run (what had reached its receive
-window) and the rest was gone; a server error packet could be lost the same way.
-`FixedBinLogStreamReader` sends the right length.
-
-A transaction cut by a lost connection or a source restart is dropped whole; the schema tracker
-then forgets what it believed declared downstream (that transaction's schema snapshots were
-dropped with it), so the next TableMap of each table declares its shape again.
+Where MariaDB transactions begin and end, and how the library's silent skip of unknown table ids
+and its short COM_BINLOG_DUMP packet are fixed: docs/capture.md ("Reading the binlog", "How the
+unknown-table_id hole in mysql-replication is closed", "Source connection").
 """
 from __future__ import annotations
 

@@ -5,31 +5,8 @@ one line otherwise) and after recovery fenced older epochs and found where the p
 prefix ends; it then reads strictly after that position, and every later connection of the run
 resumes strictly after the last transaction it read.
 
-Start position: the pumps' recorded position when there is one (never the config again: a
-restart that re-evaluated `latest` would skip what was written while it was down); otherwise
-`start-position`. `timestamp:T` reads from the oldest binlog and passes every transaction
-committed before T (by its binlog timestamp, 1 s resolution) as an empty one, which only moves
-the recorded position forward. At the first start the capture writes one schema-snapshot transaction, before
-any data, declaring every captured table (shapes from SHOW CREATE TABLE), so tables that are
-never written still have a shape downstream; that transaction also records the start position
-in the pumps. Tables that entered the filter while the capture was stopped are declared the same
-way at the next start (the set declared so far is kept in etcd under
-`capture-tables/<producer-id>`); tables entering it while it runs (CREATE, RENAME into the
-filter) are declared by their DDL binlog.
-
-Threads: the binlog reader blocks (pymysql), so it runs in one thread and hands whole source
-transactions to the event loop through a bounded queue; grouping and pump writes run on the loop.
-A lost source connection is not an error: the state goes to `reconnecting`, every transaction
-already read is still written, and a new connection resumes from the GTID state after the last
-one (with backoff while the source is down). Each state change is logged once.
-
-Snapshots (docs/snapshots.md): every transaction read goes through the `Snapshotter`, which puts
-it, the snapshot chunks ready after it and row-less progress records on the queue in order; a
-progress record ends its group (the writer keeps an empty transaction only as a group's last).
-The snapshot thread, an emission ticker and an etcd signal poller run beside the reader; signal
-keys are deleted once the group recording their effect is committed, and the last committed
-progress is published to etcd for `sluice ctl snapshot status`. `snapshot-mode = when_needed`
-turns the start-up check's purged-position refusal into a new snapshot.
+Start position, the schema-snapshot transaction, threads and snapshots: docs/capture.md
+("Start position", "Schema at start", "Threads") and docs/snapshots.md.
 """
 from __future__ import annotations
 

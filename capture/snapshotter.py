@@ -1,25 +1,12 @@
 """The capture's snapshots: chunks interleaved with the binlog, driven by modes and signals.
 
 Invariant: a chunk goes to the pumps as one transaction right after the source transaction whose
-state it equals (the high watermark in signal-table mode; the last transaction before the
-consistent snapshot's position p in read-only mode), at that transaction's position with sub_seq
-2^32 + n, carrying the progress of the emitted prefix of chunks; every change of the snapshot's
-plan (a new snapshot, stop, pause, resume, a table skipped because it is empty or gone) goes out
-the same way as a row-less progress transaction. So the pumps' committed prefix always holds a
-snapshot progress that never claims a chunk that is not committed, and a restart resumes at the
-next chunk (re-reading at most the chunks that were in flight).
+state it equals, carrying the progress of the emitted prefix of chunks, and every change of plan
+goes out as a row-less progress transaction; so the pumps' committed prefix never claims a chunk
+that is not committed, and a restart resumes at the next chunk.
 
-Threads: the binlog reader thread calls `process` for every source transaction in commit order;
-the snapshot thread (`run`) drives the chunk workers (capture/snapshot/worker.py) table by table;
-read-only chunk completions and a ticker call `poll`/`tick`. Everything that is emitted goes
-through `_emit_lock` in emission order: source transactions pass the `ConsistentReadHold` (a
-no-op without read-only chunks pending), then the `WindowReconciler`; all chunk and progress
-positions come from one `Stamper`. Lock order: `_emit_lock`, then `_cond`.
-
-Signals: signal-table rows are applied when their transaction is emitted; etcd signals
-(`submit`) at the next emission or tick. An execute-snapshot from etcd, or any snapshot when
-`snapshot-read-only` is set or no signal table exists, runs in read-only mode (it writes nothing
-to the source).
+Threads, emission order and lock order (`_emit_lock`, then `_cond`): docs/snapshots.md
+("How the capture runs them").
 """
 from __future__ import annotations
 

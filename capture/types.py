@@ -1,24 +1,11 @@
 """MySQL/MariaDB row-image values -> pb.Datum, decoded natively (native/, `sluice_native`).
 
 Invariant: every value MySQL/MariaDB can store decodes to the Datum that `core.rowcodec` maps back
-to the same value: signed and unsigned extremes, exact decimals of any precision, zero dates and
-zero date parts, TIME beyond 24 hours and negative, fractional seconds, YEAR 0000, empty SET,
-utf8mb4 text, NULL — nothing is turned into NULL or approximated on the way.
+to the same value (extremes, exact decimals, zero dates and parts, long and negative TIME, YEAR
+0000, empty SET, NULL) — nothing is turned into NULL or approximated on the way.
 
-Why not the values mysql-replication returns: it maps zero dates (and dates with a zero part) to
-None, the zero TIMESTAMP to 1970-01-01, YEAR 0000 to 1900, an empty SET to None, a SET to an
-unordered Python set, BIT to a '0101' string, and it splits a negative TIME(fsp) into a wrong
-integer and fraction. The library still frames events and parses TableMaps (including the FULL
-row metadata); the row images of a rows event are decoded by `sluice_native.RowDecoder` (Rust),
-compiled once per table shape from the column specs built here, into the protobuf bytes of the
-event's RowChanges — one call per rows event, merged into a TableMutation by protobuf's C parser.
-
-Python keeps what is policy: which column is which kind (`native_spec`), the FULL-image and
-column-count checks, and the errors (`UndecodableRow`). Two column kinds are still decoded by
-Python callables the native loop calls (docs/capture.md): text in a character set other than
-utf8/utf8mb3/utf8mb4, latin1 (cp1252) and ascii, and MySQL's binary JSON (MariaDB stores JSON as
-text). The old all-Python decoder is kept in tests/support/pydecode.py as the differential
-tests' oracle only.
+Python keeps the policy (`native_spec`, the FULL-image and column-count checks, `UndecodableRow`);
+why not mysql-replication's values and what the native core does: docs/capture.md ("Values").
 """
 from __future__ import annotations
 

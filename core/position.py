@@ -1,33 +1,10 @@
-"""Source positions (DESIGN §2.9): comparison, formatting and parsing of `pb.Position`.
+"""Source positions: comparison, formatting and parsing of `pb.Position`.
 
 Invariant: source positions are totally ordered per producer by (generation, file_seq, offset,
-sub_seq); MariaDB GTIDs are compared per domain.
-
-The comparison rule, in order:
-
-1. An empty position (no file coordinates, no GTIDs; `None` counts as empty) is before every
-   non-empty position and equal to another empty one.
-1a. Then the generation decides: `ctl position set` (a deliberate rewind or skip) makes the
-   producer resume at a position of a higher generation, which is after every position of the
-   old one — so pumps' recorded positions, `max_position` and the drainers' per-producer filters
-   all move onto the rewound stream without being told.
-2. When both positions carry file coordinates (file_seq or offset non-zero), they decide alone:
-   one producer reads one binlog, so (file_seq, offset, sub_seq) is a total order and GTIDs add
-   nothing. A capture that switches to another server (failover) must therefore not carry file
-   coordinates of the new server's binlog into comparisons with the old one's: it emits GTID-only
-   positions until a rewind (`ctl … position set`) or until the filter has moved onto them.
-3. Otherwise, when both carry MariaDB GTIDs, `gtids` is read as the GTID state at the position
-   (the last GTID of each domain) and compared per domain: A <= B iff every domain of A is in B
-   with seq_no >= A's. Equal states are ordered by sub_seq. States where each is ahead in some
-   domain are incomparable.
-4. Otherwise, when both carry MySQL GTID sets (experimental), A <= B iff A's set is a subset of
-   B's; equal sets are ordered by sub_seq.
-5. Anything else has no common coordinate and is incomparable.
-
-`compare` raises `IncomparablePositions` for incomparable pairs. `is_after(a, b)` answers the
-question the drainer's per-producer filter asks — "does a hold anything b does not cover?" — so it
-is True for incomparable pairs: the filter drops only what is provably at or below what was
-applied, never a transaction it cannot place.
+sub_seq); MariaDB GTIDs are compared per domain. `compare` raises `IncomparablePositions` for
+pairs with no common coordinate; `is_after` (the drainer's per-producer filter) is True for them,
+so the filter drops only what is provably covered. The full rule: docs/capture.md ("Source
+positions and their order").
 """
 from __future__ import annotations
 

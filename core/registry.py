@@ -1,25 +1,10 @@
-"""The etcd registry of pumps, drainers and producers, and their states (DESIGN §4).
+"""The etcd registry of pumps, drainers and producers, their states, and every key's name.
 
-Key layout, all under `/sluice/<cluster_id>/`:
-
-    <kind>/<node_id>/status   persistent JSON NodeStatus, written with compare-and-swap
-    <kind>/<node_id>/alive    lease-backed heartbeat (Heartbeat)
-    <path>                    cluster-level JSON values (get_json / put_json / update_json)
-
-with <kind> one of `pumps`, `drainers`, `producers`.
-
-Invariants this module keeps:
-- **Alive is not gone: a node leaves only by state.** The `alive` key vanishing (lease expiry)
-  never changes `status`; only an explicit state change (or the admin `delete`) removes a node.
-- **States change only along legal transitions** (LEGAL_TRANSITIONS); an illegal one raises
-  IllegalTransition and writes nothing. `offline` is final unless forced.
-- **Status writes lose nothing under concurrency**: every write is a compare-and-swap on the
-  key's mod_revision, retried on conflict with the freshly read value.
-- **A watcher never misses a final state**: it lists at revision R and watches from R+1; when the
-  watch fails (etcd restarted, revision compacted, stream closed) it re-lists, delivers the
-  differences and watches again from the new list's revision.
-
-Everything here blocks; asyncio callers use `asyncio.to_thread`.
+Invariants: a node leaves only by state (its `alive` key vanishing never changes `status`);
+states change only along LEGAL_TRANSITIONS; status writes are compare-and-swap on mod_revision,
+so none is lost; a watcher never misses a final state (it re-lists when its watch fails).
+Key layout, states and watch semantics: docs/registry.md. Everything here blocks; asyncio callers
+use `asyncio.to_thread`.
 """
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
 """TSO client: batched, pipelined timestamps from whichever TSO server leads right now.
 
-Linearizable: a timestamp handed to a caller was allocated after that caller asked. Callers join
-the open batch; a batch is sent as one GetTSStream request only after every caller in it joined,
-and the server allocates after the request arrived, so no caller ever receives a timestamp
-allocated before its call. Up to `max_inflight` requests are pipelined on one long-lived stream
-to the leader: while request k is in flight, new callers go into request k+1. Responses on a
-stream come in request order with increasing timestamps and a TSO is monotonic across leaders,
-so every timestamp this client returns is greater than every one it returned before; the client
-checks that and refuses a range that goes backwards rather than hand it out.
-
-The leader is found through the etcd leader key when an `Etcd` is given, otherwise by trying the
-listed addresses (following the "leader is ADDR" hint a standby gives). A broken stream, a
-non-leader answer or a request unanswered for `rpc_timeout_s` fails the stream over: the
-unanswered requests are sent again to the next leader (whatever the old leader allocated for
-them and never delivered is simply lost). UNAVAILABLE and timeouts are retried with backoff up to
-`deadline_s` per request, then Unavailable is raised naming what was tried. A server without
-GetTSStream (UNIMPLEMENTED) is used through unary GetTS, one RPC in flight.
-
-The etcd keys and the leader record live here because they are the contract between TSO servers
-(`sluice.tso`) and every client; `core` must not import `tso`.
+Invariant (linearizable): a timestamp handed to a caller was allocated after that caller asked,
+and every timestamp this client returns is greater than every one it returned before (it refuses
+a range that goes backwards). Batching, pipelining, fail-over and retries: docs/tso.md
+("Client"). The leader record lives here because it is the contract between TSO servers and
+every client (`core` must not import `tso`); its etcd key is named in core/registry.py.
 """
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
 """`sluice ctl position show|set`: where a capture resumes, and a deliberate rewind or skip.
 
-`show PRODUCER` reads, without fencing anyone (GetProducerPosition with `peek`), the last
-committed source position each non-offline pump recorded for the producer, the position the
-capture resumes after (the greatest of them), a pending rewind, and each drainer's last applied
-position for that producer.
-
-`set PRODUCER POSITION` makes the capture's next start resume strictly after POSITION instead
-of after the pumps' recorded position: a rewind (re-read and re-apply what follows — sinks apply
-it idempotently in safe mode) or a skip (e.g. past a purged gap). It writes
-`producers/<id>/rewind` = {position, generation} with generation = 1 + the highest generation
-any pump or pending rewind holds.
-
-Invariants:
-- ctl writes the rewind only while the producer is not alive — one etcd transaction conditioned
-  on the producer's alive key being absent and on the rewind key not having changed since it
-  was read — so a running capture never has its start position changed under it.
-- Positions of a higher generation are after every position of a lower one (core/position.py),
-  so the rewound stream passes every drainer's per-producer filter (DESIGN §2.9) and the pumps'
-  recorded positions move onto it; once a pump holds a position of the rewind's generation the
-  capture has taken it, and deletes the key at its next start.
+Invariant: ctl writes a rewind (`producers/<id>/rewind`, core/registry.py) only while the
+producer is not alive — one etcd transaction conditioned on the alive key being absent and the
+rewind key unchanged — so a running capture never has its start position changed under it.
+What show reads and how a rewind's generation passes every filter: docs/capture.md ("Rewinding
+or skipping").
 """
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
 """Exactly-once, fenced commits to Iceberg tables: write on the sink's branch, then publish.
 
-Invariants:
-- **The checkpoint is in the commit.** Every data commit's snapshot summary carries drainer,
-  epoch, batch and the highest commit_ts it holds; a table holds every transaction with
-  commit_ts <= the newest summary on its main branch, so a restart skips exactly those, table by
-  table (batches may be cut differently on replay).
-- **Every commit is a compare-and-set on main's head.** Iceberg appends never conflict (a lost
-  race retries on top of the other writer), so a plain append is no CAS. The sink writes on its
-  own branch `sluice_e<epoch>`, which sits at the head it last saw, then fast-forwards main to
-  it: Iceberg refuses when main is no longer an ancestor of the branch, i.e. when anyone else
-  committed to main since (the check and the catalog's swap of the metadata pointer are one
-  optimistic commit).
-- **Fencing.** On open the sink commits an empty *fence* snapshot carrying its epoch to every
-  table it owns, before it reads the skip points: from then on an older epoch's publish fails,
-  and the reader of the lost race sees the higher epoch and stops (Fenced) — it commits nothing.
-  A lost race to a writer of the same or an older epoch (a maintenance procedure, a replay) re-reads
-  the skip point, moves the branch to the new head and redoes that table's write.
-- Tables belong to one drainer name (the summaries name it); another name stops with
-  OwnedByAnother before it writes anything.
+Invariants: the checkpoint is in the commit (every data snapshot's summary names drainer, epoch,
+batch and its highest commit_ts, so a restart skips exactly what a table holds); every publish is
+a compare-and-set on main's head (fast-forward from the branch `sluice_e<epoch>`); an opened sink
+fences older epochs with an empty snapshot before it reads its skip points; tables belong to one
+drainer name (OwnedByAnother). The protocol in full: docs/spark.md ("Exactly once, fencing, and
+the commit protocol").
 """
 from __future__ import annotations
 

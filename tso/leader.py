@@ -1,21 +1,11 @@
-"""TSO leadership through an etcd lease, fenced by a persisted window (DESIGN §2.1).
+"""TSO leadership through an etcd lease, fenced by a persisted window.
 
-A leader serves only while its lease is certainly alive on a monotonic clock: alive_until =
-monotonic send time of the last acknowledged keepalive (or of the grant) + granted TTL - margin,
-checked right before each reply, never a cached flag. A new leader starts strictly above the
-stored window and persists its own window in the same transaction that creates its leader key,
-so the window is on disk before anything is served under it. Extending the window is a
-transaction conditioned on the leader key's mod_revision and value: when it fails, the leader has
-lost leadership and stops at once.
+Invariant: a leader serves only while its lease is certainly alive on a monotonic clock (checked
+right before each reply), and a new leader starts strictly above the window every earlier leader
+persisted, persisting its own in the transaction that creates its leader key. Why that holds
+even for a stalled old leader: docs/tso.md ("How fencing works").
 
-Why this is enough even for a stalled old leader: the leader key is bound to the lease, so a new
-leader can only be elected after the old lease expired in etcd, and etcd expires it no earlier
-than (send time of the last acknowledged keepalive + TTL) — later than the old leader's own
-alive_until by the margin. Every timestamp the old leader handed out is <= the window it
-persisted, and the new leader starts above that window.
-
-One dedicated thread owns all etcd traffic of the election (grant, campaign, keepalive every
-TTL/3, window extension); the event loop only reads the current term.
+One dedicated thread owns all etcd traffic of the election; the event loop only reads the term.
 """
 from __future__ import annotations
 

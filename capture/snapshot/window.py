@@ -1,24 +1,13 @@
 """DBLog watermark windows: chunk rows reconciled with the binlog between low and high watermark.
 
 Invariant: a chunk row is emitted (op=r, at the high watermark's position) only if no binlog
-change between the chunk's low and high watermark touched its key; every row of the chunk whose
-key was touched is dropped, because the binlog delivers that key's newer state (or its delete)
-itself. So after applying, in order, everything emitted, each key holds the source's value.
+change between the chunk's low and high watermark touched its key; every touched row is dropped,
+because the binlog delivers that key's newer state itself. So after applying everything emitted,
+in order, each key holds the source's value (why: docs/snapshots.md, "Signal-table mode").
 
-Why it holds: the worker writes the low watermark (LW), runs the chunk SELECT (one consistent
-read at some moment t after LW's commit), hands the rows over (`set_rows`), then writes the high
-watermark (HW). A row whose key no transaction between LW and HW changed had, at t, the value it
-has at HW, so emitting it right after HW is exact. A key changed between LW and HW is dropped
-even if the change came before t: harmless, the binlog carries the full row image (FULL
-binlog_row_image). This needs "visible to a read started after LW committed" to include every
-transaction before LW in the binlog: MariaDB commits in the engine in binlog order
-(commit_ordered), so it holds.
-
-The component is pure and thread-safe: the snapshot worker calls `open`, `set_rows`, `abandon`;
-the binlog reader thread calls `feed` once per source transaction, in commit order, and emits the
-returned chunks right after that transaction. Several windows may be open at once (snapshot
-parallelism); a change counts against every window open on its table. Watermarks of windows this
-process did not open (a previous run's) are ignored.
+Pure and thread-safe: the worker calls `open`, `set_rows`, `abandon`; the binlog reader thread
+calls `feed` once per source transaction, in commit order. Several windows may be open at once;
+watermarks of windows this process did not open are ignored.
 """
 from __future__ import annotations
 
