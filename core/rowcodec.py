@@ -50,11 +50,6 @@ class MySQLDateTime:
     second: int = 0
     microsecond: int = 0
 
-    @property
-    def is_zero(self) -> bool:
-        return not (self.year or self.month or self.day or self.hour or self.minute
-                    or self.second or self.microsecond)
-
     def __str__(self) -> str:
         return (f"{self.year:04d}-{self.month:02d}-{self.day:02d} "
                 f"{self.hour:02d}:{self.minute:02d}:{self.second:02d}.{self.microsecond:06d}")

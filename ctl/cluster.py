@@ -749,18 +749,6 @@ def _is_ha(r: Recorded) -> bool:
         return False
 
 
-def status_rows(layout: Layout) -> list[dict[str, Any]]:
-    """`sluice cluster status --json`'s rows for the cluster in layout ([] when none runs)."""
-    state = read_state(layout)
-    if state is None or not state.processes:
-        return []
-    health = Health(state)
-    try:
-        return _rows(state, health)
-    finally:
-        health.close()
-
-
 def _print_status(state: State, health: Health, as_json: bool) -> list[dict[str, Any]]:
     rows = _rows(state, health)
     sup = state.supervisor

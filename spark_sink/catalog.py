@@ -29,7 +29,6 @@ TABLE_PROPERTIES = {
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "50",
 }
-SUMMARY_PREFIX = "sluice."
 
 
 @dataclasses.dataclass(frozen=True)

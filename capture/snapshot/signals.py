@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sluice.core.errors import InvalidArgument
@@ -228,8 +228,3 @@ def watermark_row(window_id: str, open_: bool) -> tuple[str, str, str]:
         raise InvalidArgument(f"window id {window_id!r} too long for the signal table's id column")
     return (window_id + suffix, WINDOW_OPEN if open_ else WINDOW_CLOSE,
             json.dumps({"window": window_id}))
-
-
-def parse_signal_rows(rows: Sequence[Sequence[Any]]) -> list[Signal]:
-    """Several (id, type, data) rows; the first invalid one raises."""
-    return [parse_signal(r[0], r[1], r[2] if len(r) > 2 else None) for r in rows]

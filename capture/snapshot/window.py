@@ -109,11 +109,6 @@ class WindowReconciler:
         with self._closed:
             return self._closed.wait_for(lambda: window_id not in self._windows, timeout)
 
-    @property
-    def open_windows(self) -> int:
-        with self._lock:
-            return len(self._windows)
-
     # -- reader side --------------------------------------------------------------------------
 
     def feed(self, position: pb.Position, mutations: Sequence[pb.TableMutation],
