@@ -477,13 +477,12 @@ def test_drainers_lists_live_standbys_even_without_an_active_instance(live: Live
     """`ctl drainers` shows the standbys from their lease-backed keys, not from the label the
     active instance writes: after the active one died (its label stale) and before any instance
     was ever active (no status at all)."""
-    from sluice.drainer.ha import standby_prefix
     reg = live.registry
     gone, fresh = "ctl-ha-gone", "ctl-ha-fresh"
     reg.register(NodeStatus(node_id=gone, kind=NodeKind.DRAINER, addr="127.0.0.1:2",
                             state=NodeState.ONLINE, labels={"standby": "127.0.0.1:9"}))
-    beats = [Heartbeat(reg.etcd, standby_prefix(reg, gone) + "127.0.0.1:3", "", 5).start(),
-             Heartbeat(reg.etcd, standby_prefix(reg, fresh) + "127.0.0.1:4", "", 5).start()]
+    beats = [Heartbeat(reg.etcd, reg.drainer_standby_prefix(gone) + "127.0.0.1:3", "", 5).start(),
+             Heartbeat(reg.etcd, reg.drainer_standby_prefix(fresh) + "127.0.0.1:4", "", 5).start()]
     try:
         r = live.ctl_in("drainers")
         assert r.code == 0, r.err
