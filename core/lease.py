@@ -1,20 +1,11 @@
-"""A lease held by this process, and whether it is *certainly* still alive (DESIGN §2.1, §6 HA).
+"""A lease held by this process, and whether it is *certainly* still alive.
 
 Invariant: `certainly_alive()` is true only while the lease is certainly alive in etcd, judged
-on a monotonic clock — alive_until = the send time of the last *acknowledged* keepalive (or of
-the grant) + the TTL etcd reported − margin. etcd expires a lease no earlier than the last
-acknowledged keepalive's arrival + TTL, which is later than the send time, so a process that
-checks `certainly_alive()` right before each write never writes after etcd could have handed the
-lease's keys to someone else. A stalled process (SIGSTOP, GC pause, swapped out) finds on waking
-that its monotonic deadline has passed — the clock kept running — and stops.
-
-Only acknowledged keepalives move alive_until forward: a keepalive that fails or times out never
-does. When the deadline passes (or etcd says the lease is gone) `on_lost` is called once, from
-the keeper thread, and the keeper stops: a lost lease is never re-granted here (leadership is
-re-won by campaigning, which the owner decides).
-
-This is the TSO leader's rule (tso/leader.py) as a reusable piece; the TSO keeps its own copy
-inside its election loop.
+on a monotonic clock (alive_until = send time of the last acknowledged keepalive + the TTL etcd
+reported - margin), so a process that checks it right before each write never writes after etcd
+could have handed the lease's keys to someone else. When the deadline passes, `on_lost` is called
+once and the keeper stops; a lost lease is never re-granted here. Why the rule holds: docs/tso.md
+("How fencing works", 3 and 4), which keeps its own copy of it in its election loop.
 """
 from __future__ import annotations
 

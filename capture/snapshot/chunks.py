@@ -1,20 +1,10 @@
 """Splitting a table into key-range chunks, lazily (Flink CDC's splitter, our own code).
 
 Invariant: the chunks of one table partition its key space up to the max key taken at snapshot
-start: chunk i covers `lower < key <= upper` with chunk i+1's lower == chunk i's upper, the first
-chunk has no lower bound and the last one ends at the max key. Every row whose key is <= the max
-key at start is in exactly one chunk; rows inserted later above it arrive through the binlog.
-Chunks are computed one at a time (never all boundaries of a huge table up front), and a splitter
-built from a SnapshotProgress continues after its last chunk without re-reading earlier ones.
-
-Two strategies, as in Flink CDC's MySqlChunkSplitter:
-- **even**: one integer key column whose values are dense — distribution factor
-  (max - min + 1) / estimated rows within [factor-lower, factor-upper] — is cut arithmetically
-  into steps of chunk-size * factor; no query per chunk. A sparse key (ids up to 1e12 with gaps)
-  has a huge factor and falls back, because even steps would make almost every chunk empty.
-- **query**: any other key: the next upper bound is the chunk-size-th key after the lower bound,
-  `SELECT key FROM t WHERE key > ? ORDER BY key LIMIT 1 OFFSET chunk-size - 1` (an index-only
-  range scan of one chunk's keys); when fewer keys remain, the chunk ends at the max key.
+start (chunk i covers `lower < key <= upper`, chunk i+1's lower is chunk i's upper), so every row
+whose key is <= that max key is in exactly one chunk. Chunks are computed one at a time, and a
+splitter built from a SnapshotProgress continues after its last chunk. The `even` and `query`
+strategies: docs/snapshots.md ("Chunks").
 """
 from __future__ import annotations
 

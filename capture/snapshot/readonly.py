@@ -1,19 +1,10 @@
 """Read-only snapshots: chunks read in a consistent snapshot, held in order with the binlog.
 
 Invariant: a chunk read inside `START TRANSACTION WITH CONSISTENT SNAPSHOT` equals the source
-state at its binlog position p (MariaDB's Binlog_snapshot_file/position: every transaction
-before p and none after is visible), and it is emitted after every source transaction that
-starts before p and before every one that starts at or after p. Nothing is written to the
-source.
-
-How (`ConsistentReadHold`): the worker registers a ticket *before* it starts the transaction.
-Until the ticket knows p, the binlog reader may not emit any transaction it reads after the
-registration (p is at or past the binlog end at registration, so those could be on either side);
-once p is known, transactions before p flow and those at or after p are held until the chunk's
-rows arrive. The chunk goes out when the reader has passed p (it offered a transaction at or
-after p, or reported `reader_at` >= p), anchored on the last transaction emitted (emit.py).
-Held transactions are kept in order in memory; `held` tells the caller how many (it stops reading
-the binlog when too many are held: back-pressure, not memory growth).
+state at its binlog position p, and it is emitted after every source transaction that starts
+before p and before every one that starts at or after p. Nothing is written to the source.
+How `ConsistentReadHold` holds the reader: docs/snapshots.md ("Read-only mode"). `held` tells the
+caller how many transactions wait, so it stops reading the binlog instead of growing memory.
 """
 from __future__ import annotations
 
