@@ -38,6 +38,7 @@ import pymysql
 from sluice.core import errors, failpoint
 from sluice.core.etcd import Etcd
 from sluice.core.registry import Registry
+from sluice.core.table import TableShape, quote_ident
 from sluice.core.tls import SecurityConfig
 from sluice.core.tso_client import TSOClient
 from sluice.proto import sluice_pb2 as pb
@@ -73,40 +74,17 @@ class TxnUnknown(errors.Unavailable):
         self.start_ts, self.commit_ts = start_ts, commit_ts
 
 
-@dataclasses.dataclass(frozen=True)
-class TableShape:
-    """A table as the DML helpers use it: its TableInfo plus what the SQL needs."""
+def encode_row(shape: TableShape, row: tuple) -> pb.Row:
+    return pb.Row(columns=[ddlmod.to_datum(v, c) for v, c in zip(row, shape.columns)])
 
-    info: pb.TableInfo
-    columns: tuple[str, ...]
-    primary_key: tuple[str, ...]
-    qualified: str
-    select_list: str
 
-    @classmethod
-    def of(cls, info: pb.TableInfo) -> TableShape:
-        cols = tuple(c.name for c in info.columns)
-        return cls(info=info, columns=cols, primary_key=ddlmod.primary_key(info),
-                   qualified=f"{ddlmod.quote(info.schema_name)}.{ddlmod.quote(info.table_name)}",
-                   select_list=", ".join(ddlmod.quote(c) for c in cols))
-
-    @property
-    def name(self) -> tuple[str, str]:
-        return self.info.schema_name, self.info.table_name
-
-    def encode(self, row: tuple) -> pb.Row:
-        return pb.Row(columns=[ddlmod.to_datum(v, c) for v, c in zip(row, self.info.columns)])
-
-    def as_dict(self, row: tuple) -> dict[str, Any]:
-        return dict(zip(self.columns, row))
-
-    def check_columns(self, names: Mapping[str, Any], what: str) -> None:
-        unknown = [n for n in names if n not in self.columns]
-        if unknown:
-            raise errors.InvalidArgument(
-                f"{what} names unknown column(s) {unknown} of {'.'.join(self.name)} (columns: "
-                f"{list(self.columns)}); if the table changed, declare it with "
-                "producer.execute_ddl or producer.refresh")
+def check_columns(shape: TableShape, names: Mapping[str, Any], what: str) -> None:
+    unknown = [n for n in names if n not in shape.names]
+    if unknown:
+        raise errors.InvalidArgument(
+            f"{what} names unknown column(s) {unknown} of {shape.sql_name} (columns: "
+            f"{list(shape.names)}); if the table changed, declare it with "
+            "producer.execute_ddl or producer.refresh")
 
 
 class _Pool:
@@ -152,7 +130,7 @@ def _close(conn: pymysql.connections.Connection | None) -> None:
 
 def _where(names: tuple[str, ...] | list[str]) -> str:
     # <=> so a NULL key column matches a NULL value.
-    return " AND ".join(f"{ddlmod.quote(n)} <=> %s" for n in names)
+    return " AND ".join(f"{quote_ident(n)} <=> %s" for n in names)
 
 
 async def _fires(name: str) -> bool:
@@ -274,30 +252,30 @@ class Transaction:
         if not isinstance(key, Mapping):
             if len(shape.primary_key) != 1:
                 raise errors.InvalidArgument(
-                    f"{'.'.join(shape.name)}: a bare key value needs a one-column primary key; "
+                    f"{shape.qualified}: a bare key value needs a one-column primary key; "
                     f"pass a dict of column -> value")
             return {shape.primary_key[0]: key}
         if not key:
             raise errors.InvalidArgument("empty key")
-        shape.check_columns(key, "key")
+        check_columns(shape, key, "key")
         return dict(key)
 
     @staticmethod
     def _locked_one(cur: Any, shape: TableShape, key: dict[str, Any], lock: bool) -> tuple | None:
-        cur.execute(f"SELECT {shape.select_list} FROM {shape.qualified} WHERE {_where(list(key))}"
+        cur.execute(f"SELECT {shape.select_list} FROM {shape.sql_name} WHERE {_where(list(key))}"
                     f" LIMIT 2{' FOR UPDATE' if lock else ''}", tuple(key.values()))
         rows = cur.fetchall()
         if len(rows) > 1:
             raise errors.InvalidArgument(f"key {key} matches more than one row of "
-                                         f"{'.'.join(shape.name)}")
+                                         f"{shape.qualified}")
         return rows[0] if rows else None
 
     def _record(self, shape: TableShape, tp: int, before: tuple | None, after: tuple | None) -> None:
         ch = pb.RowChange(tp=tp)
         if before is not None:
-            ch.before.CopyFrom(shape.encode(before))
+            ch.before.CopyFrom(encode_row(shape, before))
         if after is not None:
-            ch.after.CopyFrom(shape.encode(after))
+            ch.after.CopyFrom(encode_row(shape, after))
         self._changes.append((shape, ch))
 
     async def get(self, table: str, key: Any, *, for_update: bool = True) -> dict[str, Any] | None:
@@ -311,10 +289,10 @@ class Transaction:
         """Insert one row; returns it as stored (defaults and auto-increment filled in)."""
         def fn(cur: Any, shape: TableShape) -> dict[str, Any]:
             if not row:
-                raise errors.InvalidArgument(f"insert into {'.'.join(shape.name)}: empty row")
-            shape.check_columns(row, "insert")
+                raise errors.InvalidArgument(f"insert into {shape.qualified}: empty row")
+            check_columns(shape, row, "insert")
             names = list(row)
-            cur.execute(f"INSERT INTO {shape.qualified} ({', '.join(map(ddlmod.quote, names))}) "
+            cur.execute(f"INSERT INTO {shape.sql_name} ({', '.join(map(quote_ident, names))}) "
                         f"VALUES ({', '.join(['%s'] * len(names))})", tuple(row.values()))
             pk = shape.primary_key
             if pk and all(c in row for c in pk):
@@ -324,11 +302,11 @@ class Transaction:
             elif not pk:
                 key = dict(row)
             else:
-                raise errors.InvalidArgument(f"insert into {'.'.join(shape.name)}: give the "
+                raise errors.InvalidArgument(f"insert into {shape.qualified}: give the "
                                              f"primary key {list(pk)} (or use auto-increment)")
             after = self._locked_one(cur, shape, key, lock=True)
             if after is None:
-                raise errors.SluiceError(f"insert into {'.'.join(shape.name)}: inserted row "
+                raise errors.SluiceError(f"insert into {shape.qualified}: inserted row "
                                          f"{key} not found again")
             self._record(shape, pb.INSERT, None, after)
             return shape.as_dict(after)
@@ -338,15 +316,15 @@ class Transaction:
         """Update the row with this key; returns the row after, or None when no row has the key."""
         def fn(cur: Any, shape: TableShape) -> dict[str, Any] | None:
             k = self._key(shape, key)
-            shape.check_columns(changes, "update")
+            check_columns(shape, changes, "update")
             before = self._locked_one(cur, shape, k, lock=True)
             if before is None:
                 return None
             if not changes:
                 return shape.as_dict(before)
             limit = "" if shape.primary_key else " LIMIT 1"
-            cur.execute(f"UPDATE {shape.qualified} SET "
-                        f"{', '.join(f'{ddlmod.quote(c)} = %s' for c in changes)} "
+            cur.execute(f"UPDATE {shape.sql_name} SET "
+                        f"{', '.join(f'{quote_ident(c)} = %s' for c in changes)} "
                         f"WHERE {_where(list(k))}{limit}", (*changes.values(), *k.values()))
             # Re-read: the database may have converted values or fired ON UPDATE defaults.
             pk = shape.primary_key or tuple(k)
@@ -354,7 +332,7 @@ class Transaction:
             new_key = {c: changes.get(c, old[c]) for c in pk}
             after = self._locked_one(cur, shape, new_key, lock=True)
             if after is None:
-                raise errors.SluiceError(f"update of {'.'.join(shape.name)}: row {new_key} not "
+                raise errors.SluiceError(f"update of {shape.qualified}: row {new_key} not "
                                          "found after the update")
             self._record(shape, pb.UPDATE, before, after)
             return shape.as_dict(after)
@@ -368,7 +346,7 @@ class Transaction:
             if before is None:
                 return None
             limit = "" if shape.primary_key else " LIMIT 1"
-            cur.execute(f"DELETE FROM {shape.qualified} WHERE {_where(list(k))}{limit}",
+            cur.execute(f"DELETE FROM {shape.sql_name} WHERE {_where(list(k))}{limit}",
                         tuple(k.values()))
             self._record(shape, pb.DELETE, before, None)
             return shape.as_dict(before)
@@ -673,7 +651,7 @@ class AppProducer:
         commit_ts = await self._write_standalone(start_ts, ddlmod.ddl_value(d, self._source_info()))
         name = (d.schema_name, d.table_name)
         if table_info is not None:
-            self._shapes[name] = TableShape.of(table_info)
+            self._shapes[name] = TableShape(table_info)
             self._declared[name] = table_info.version
         else:
             self._forget(name)
@@ -732,7 +710,7 @@ class AppProducer:
             start_ts, ddlmod.snapshot_value(infos, self._source_info()))
         for info in infos:
             name = (info.schema_name, info.table_name)
-            self._shapes[name] = TableShape.of(info)
+            self._shapes[name] = TableShape(info)
             self._declared[name] = info.version
         return commit_ts
 
@@ -843,7 +821,7 @@ class AppProducer:
 
         def load(conn: pymysql.connections.Connection) -> TableShape:
             with conn.cursor() as cur:
-                return TableShape.of(ddlmod.read_table_info(cur, *name, source=self.source,
+                return TableShape(ddlmod.read_table_info(cur, *name, source=self.source,
                                                             version=version))
         shape = await run(load)
         return self._shapes.setdefault(name, shape)
