@@ -15,8 +15,8 @@ from typing import Any
 
 _EXPORTS = {
     "PumpsClient": "pumps", "PrewriteAck": "pumps", "NoPumpAvailable": "pumps",
-    "AppProducer": "transaction", "Transaction": "transaction", "TxnAborted": "transaction",
-    "TxnUnknown": "transaction", "TableShape": "sluice.core.table",
+    "AppProducer": "app", "ClientConfig": "commit", "Transaction": "transaction",
+    "TxnAborted": "commit", "TxnUnknown": "commit", "TableShape": "sluice.core.table",
     "ProducerServer": "producer", "OUTBOX_LABEL": "producer",
     "OutboxDSN": "outbox", "decide_by_writing": "outbox", "AlreadyDecided": "outbox",
     "read_table_info": "sluice.core.table", "stable_table_id": "sluice.core.table",
