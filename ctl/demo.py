@@ -37,6 +37,7 @@ from typing import Any
 
 from sluice.core import ts as tsmod
 from sluice.core.errors import ConfigError, SluiceError, Unavailable
+from sluice.core.secrets import mask_dsn
 
 from . import cluster, verify
 from .cluster_config import Layout, to_toml
@@ -596,7 +597,7 @@ def _run(demo: Demo) -> bool:
     if as_of is not None:
         print(f"  sluice spark-sql --config {drainer_conf} --as-of {as_of} \"SELECT count(*) "
               "FROM orders\"")
-    print(f"  sluice ctl verify --source {verify.redact(demo.source_dsn())} --spark-config "
+    print(f"  sluice ctl verify --source {mask_dsn(demo.source_dsn())} --spark-config "
           f"{drainer_conf} --tables {SHOP}.orders")
     print(f"  sluice ctl --cluster-dir {layout.root} drainers")
     bad = [r for r in results if not r.ok]

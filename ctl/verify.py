@@ -179,19 +179,14 @@ class MySQLDSN:
             u = urllib.parse.urlsplit(dsn)
             port = u.port or 3306
         except ValueError as e:
-            raise errors.ConfigError(f"{what} {redact(dsn)}: {e}") from None
+            raise errors.ConfigError(f"{what} {mask_dsn(dsn)}: {e}") from None
         if u.scheme not in ("mysql", "mariadb") or not u.hostname:
-            raise errors.ConfigError(f"{what} {redact(dsn)}: want mysql://user:password@host:port")
+            raise errors.ConfigError(f"{what} {mask_dsn(dsn)}: want mysql://user:password@host:port")
         return cls(u.hostname, port, urllib.parse.unquote(u.username or "root"),
                    urllib.parse.unquote(u.password or ""))
 
     def __str__(self) -> str:
         return f"mysql://{self.user}:***@{self.host}:{self.port}"
-
-
-def redact(dsn: str) -> str:
-    """The DSN with its password masked (core/secrets.mask_dsn), for messages."""
-    return mask_dsn(dsn)
 
 
 class MySQLSide:
