@@ -82,6 +82,9 @@ class ClientConfig:
     pumps_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # None was the old keyword default for both: keep accepting it.
+        object.__setattr__(self, "labels", dict(self.labels or {}))
+        object.__setattr__(self, "pumps_options", dict(self.pumps_options or {}))
         if self.pool_size < 1:
             raise errors.ConfigError(f"pool_size must be >= 1, got {self.pool_size}")
 
