@@ -26,7 +26,7 @@ from sluice.capture.reader import SourceTxn
 from sluice.capture.schema import SchemaTracker, stable_table_id, version_of
 from sluice.capture.snapshot.chunks import ChunkSplitter, SplitOptions, estimated_rows
 from sluice.capture.snapshot.emit import ChunkEmission, Stamper
-from sluice.capture.snapshot.keys import TableShape, load_shape
+from sluice.capture.snapshot.keys import SnapshotTable, load_shape
 from sluice.capture.snapshot.progress import PrefixTracker, SnapshotState, encode
 from sluice.capture.snapshot.readonly import ConsistentReadHold, Released
 from sluice.capture.snapshot.reader import snapshot_connect
@@ -74,7 +74,7 @@ class Snapshotter:
         self.hold = ConsistentReadHold()
         self._cond = threading.Condition()
         self._prefix = PrefixTracker(state) if state is not None else None
-        self._shape: TableShape | None = None   # the table run whose chunks may be emitted
+        self._shape: SnapshotTable | None = None   # the table run whose chunks may be emitted
         self._gen = 0                            # bumped when a run must end (stop, new plan)
         self._emit_lock = threading.Lock()
         self._put: Callable[[object], None] | None = None

@@ -28,8 +28,9 @@ from collections.abc import Callable
 import grpc
 
 from sluice.capture.reader import SourceTxn
-from sluice.client.pumps import PumpsClient, check_commit_ts
-from sluice.core import errors, failpoint, grpcutil
+from sluice.client.commit import CommitCore, TxnAborted
+from sluice.client.pumps import PumpsClient
+from sluice.core import errors, grpcutil
 from sluice.core.position import IncomparablePositions, compare, format_position, max_position
 from sluice.core.registry import NodeKind, NodeState, Registry
 from sluice.core.tls import SecurityConfig
@@ -116,6 +117,7 @@ class GroupWriter:
         self.snapshot: pb.SnapshotProgress | None = None   # recovered snapshot progress
         self.groups = 0
         self.txns = 0
+        self._core: CommitCore | None = None
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -191,9 +193,10 @@ class GroupWriter:
         self.txns += len(group)
 
     async def write_items(self, items: list[PumpItem]) -> None:
-        """One group of pump transactions, in the given (source) order, to one pump. Snapshot
-        progress goes on the COMMIT (the binlog the pump records producer positions from) and,
-        for readers of prewrites, on the PREWRITE too."""
+        """One group of pump transactions, in the given (source) order, to one pump, through the
+        commit protocol (client/commit.py) with the pumps as the truth: the acknowledged Commit
+        write is the point of no return. Snapshot progress goes on the COMMIT (the binlog the
+        pump records producer positions from) and, for readers of prewrites, on the PREWRITE."""
         n = len(items)
         if self.generation:
             for _, pos, snap in items:
@@ -212,29 +215,14 @@ class GroupWriter:
         # (committed, or rolled back before the point of no return). On any other failure the
         # process restarts and a new epoch decides them from the pumps.
         self.inflight.update(starts)
+        core = self._core
+        if core is None or core.pumps is not self.pumps or core.tso is not self.tso:
+            core = self._core = CommitCore(self.pumps, self.tso, self.producer_id,
+                                           lambda: self.epoch)
         try:
-            ack = await self.pumps.write_prewrites(prewrites)
-        except errors.FailedPrecondition as e:
-            await self._raise_if_fenced(e)
-            raise
-        await failpoint.ainject(FAILPOINT)
-        first_commit, _ = await self.tso.get_ts_range(n)
-        try:
-            check_commit_ts(first_commit, ack)
-        except errors.FailedPrecondition:
-            await self.pumps.write_commits(
-                [pb.Binlog(tp=pb.ROLLBACK, start_ts=s, producer_id=self.producer_id,
-                           producer_epoch=self.epoch) for s in starts], ack)
-            self.inflight.difference_update(starts)
-            raise
-        commits = [pb.Binlog(tp=pb.COMMIT, start_ts=s, commit_ts=first_commit + i,
-                             producer_id=self.producer_id, producer_epoch=self.epoch,
-                             position=items[i][1], snapshot=items[i][2], ts_ms=now_ms)
-                   for i, s in enumerate(starts)]
-        try:
-            await self.pumps.write_commits(commits, ack)
-        except errors.FailedPrecondition as e:
-            await self._raise_if_fenced(e)
+            await core.commit(prewrites, _GroupSteps(self))
+        except TxnAborted:
+            self.inflight.difference_update(starts)   # rolled back: the pumps hold a Rollback
             raise
         self.inflight.difference_update(starts)
         if self.after_first_commit is not None:
@@ -252,3 +240,35 @@ class GroupWriter:
                 f"(another capture with this producer id took over; this one has epoch "
                 f"{self.epoch}); the pumps refused its write ({cause}); stopping without writing "
                 "more") from None
+
+
+class _GroupSteps:
+    """The commit steps of a capture group. Only a commit_ts at or below an acked watermark rolls
+    back; any other failure leaves the group in flight for the next epoch to decide."""
+
+    after_prewrite_failpoint = FAILPOINT
+    rollback_on = (TxnAborted,)
+    pumps_decide = True
+
+    def __init__(self, writer: GroupWriter) -> None:
+        self.w = writer
+
+    async def prewrite_failed(self, e: BaseException) -> None:
+        if isinstance(e, errors.FailedPrecondition):
+            await self.w._raise_if_fenced(e)
+
+    async def point_of_no_return(self, commit_ts: int) -> None:
+        raise AssertionError("the capture's point of no return is its Commit write")
+
+    async def abort(self) -> None:
+        pass
+
+    async def decide(self, start_ts: int) -> tuple[int, int]:
+        raise AssertionError("the capture's point of no return is never ambiguous here")
+
+    async def committed(self, commit_ts: int) -> None:
+        pass
+
+    async def commit_failed(self, e: BaseException) -> None:
+        if isinstance(e, errors.FailedPrecondition):
+            await self.w._raise_if_fenced(e)

@@ -15,11 +15,11 @@ from typing import Any
 
 _EXPORTS = {
     "PumpsClient": "pumps", "PrewriteAck": "pumps", "NoPumpAvailable": "pumps",
-    "AppProducer": "transaction", "Transaction": "transaction", "TxnAborted": "transaction",
-    "TxnUnknown": "transaction", "TableShape": "transaction",
+    "AppProducer": "app", "ClientConfig": "commit", "Transaction": "transaction",
+    "TxnAborted": "commit", "TxnUnknown": "commit", "TableShape": "sluice.core.table",
     "ProducerServer": "producer", "OUTBOX_LABEL": "producer",
     "OutboxDSN": "outbox", "decide_by_writing": "outbox", "AlreadyDecided": "outbox",
-    "read_table_info": "ddl", "stable_table_id": "ddl",
+    "read_table_info": "sluice.core.table", "stable_table_id": "sluice.core.table",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -29,6 +29,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'sluice.client' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    path = module if module.startswith("sluice.") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(path), name)
     globals()[name] = value
     return value

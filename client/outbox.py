@@ -76,17 +76,17 @@ class OutboxDSN:
             u = urllib.parse.urlsplit(dsn)
             port = u.port or 3306
         except ValueError as e:
-            raise errors.ConfigError(f"outbox dsn {redact(dsn)}: {e}") from None
+            raise errors.ConfigError(f"outbox dsn {mask_dsn(dsn)}: {e}") from None
         if u.scheme not in ("mysql", "mariadb"):
-            raise errors.ConfigError(f"outbox dsn {redact(dsn)}: scheme must be mysql://")
+            raise errors.ConfigError(f"outbox dsn {mask_dsn(dsn)}: scheme must be mysql://")
         database = urllib.parse.unquote(u.path.lstrip("/"))
         query = urllib.parse.parse_qs(u.query)
         table = query.get("table", [DEFAULT_TABLE])[0]
         if not database or not _IDENT.match(database):
-            raise errors.ConfigError(f"outbox dsn {redact(dsn)}: needs a database name "
+            raise errors.ConfigError(f"outbox dsn {mask_dsn(dsn)}: needs a database name "
                                      "(mysql://user:pass@host:port/db?table=...)")
         if not _IDENT.match(table):
-            raise errors.ConfigError(f"outbox dsn {redact(dsn)}: invalid table name {table!r}")
+            raise errors.ConfigError(f"outbox dsn {mask_dsn(dsn)}: invalid table name {table!r}")
         return cls(host=u.hostname or "127.0.0.1", port=port,
                    user=urllib.parse.unquote(u.username or "root"),
                    password=urllib.parse.unquote(u.password or ""), database=database, table=table)
@@ -119,11 +119,6 @@ class OutboxDSN:
         except pymysql.err.OperationalError as e:
             raise errors.Unavailable(f"outbox {self.redacted()}: cannot connect: "
                                      f"{_errtext(e)}") from None
-
-
-def redact(dsn: str) -> str:
-    """The DSN with its password replaced by ***, for messages and logs."""
-    return mask_dsn(dsn)
 
 
 def _errtext(e: BaseException) -> str:

@@ -25,22 +25,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from sluice.core import errors, grpcutil
 from sluice.core.errors import NoPumpAvailable
 from sluice.core.etcd import Etcd
 from sluice.core.log import kv
-from sluice.core.metrics import Metrics
 from sluice.core.registry import NodeInfo, NodeKind, NodeState, Registry, Watcher
 from sluice.core.tls import SecurityConfig
 from sluice.proto import sluice_pb2 as pb
 
+from .acks import (CommitNotAcknowledged, PrewriteAck, check_commit_ts, group_calls,
+                   split_prewrite)
 from .batcher import WriteBatcher
+from .pump_state import (ChannelRef, ClientMetrics, Failover, PumpState, close_ref,
+                         gather_results, replicas_of)
 from .routing import Candidate, make_selector
 
 __all__ = ["PrewriteAck", "NoPumpAvailable", "CommitNotAcknowledged", "PumpsClient",
@@ -60,124 +61,6 @@ _FINAL = (errors.InvalidArgument, errors.AlreadyExists, errors.FailedPreconditio
 _DECIDING = (NodeState.ONLINE, NodeState.PAUSING, NodeState.CLOSING)
 _ONLINE = NodeState.ONLINE
 _PREWRITE, _COMMIT, _ROLLBACK = pb.PREWRITE, pb.COMMIT, pb.ROLLBACK
-
-
-@dataclass(frozen=True)
-class PrewriteAck:
-    start_ts: int               # start_ts of the first prewrite written
-    pumps: tuple[str, ...]      # node ids durably holding the prewrite(s) (two with replicas=2)
-    watermark: int              # max served watermark over those acks: commit_ts must be > it
-
-
-class CommitNotAcknowledged(errors.Unavailable):
-    """No pump holding the prewrite acknowledged the Commit/Rollback in time.
-
-    The decision is kept and re-sent when the pump is back; the pump also resolves the prewrite
-    itself by asking the producer (TxnStatus) after its txn-timeout.
-    """
-
-
-def check_commit_ts(commit_ts: int, ack: PrewriteAck) -> None:
-    """Raise FailedPrecondition unless commit_ts > every served watermark the prewrite ack saw."""
-    if commit_ts <= ack.watermark:
-        raise errors.FailedPrecondition(
-            f"commit_ts {commit_ts} is not above the served watermark {ack.watermark} of pump(s) "
-            f"{', '.join(ack.pumps)} holding the prewrite of start_ts={ack.start_ts}: the commit_ts "
-            "must be fetched after write_prewrites returns (DESIGN §2.2); roll the transaction back")
-
-
-def split_prewrite(binlog: pb.Binlog, max_size: int) -> list[bytes]:
-    """The prewrite serialized, as parts (part_no/part_count, same start_ts) of <= max_size bytes."""
-    raw = binlog.SerializeToString()
-    if len(raw) <= max_size:
-        return [raw]
-    if binlog.part_count > 1:
-        raise errors.InvalidArgument(
-            f"prewrite start_ts={binlog.start_ts} part {binlog.part_no} is {len(raw)} bytes, over "
-            f"max_binlog_size {max_size}: pre-split parts must each fit")
-    env = pb.Binlog()
-    env.CopyFrom(binlog)
-    env.ClearField("prewrite_value")
-    # Room for the value's tag and length varint plus part_no/part_count at their largest.
-    chunk = max_size - len(env.SerializeToString()) - 32
-    if chunk <= 0:
-        raise errors.InvalidArgument(f"max_binlog_size {max_size} leaves no room for prewrite data")
-    value = binlog.prewrite_value
-    count = math.ceil(len(value) / chunk)
-    parts = []
-    for i in range(count):
-        env.prewrite_value = value[i * chunk:(i + 1) * chunk]
-        env.part_no, env.part_count = i, count
-        parts.append(env.SerializeToString())
-    return parts
-
-
-def _group_calls(payloads: list[bytes], limit: int) -> list[list[bytes]]:
-    """Consecutive payloads packed into calls of at most `limit` bytes (one call when it fits)."""
-    calls: list[list[bytes]] = []
-    cur: list[bytes] = []
-    size = 0
-    for p in payloads:
-        if cur and size + len(p) > limit:
-            calls.append(cur)
-            cur, size = [], 0
-        cur.append(p)
-        size += len(p)
-    if cur:
-        calls.append(cur)
-    return calls
-
-
-class _Failover(Exception):
-    """This pump cannot take the write now (it is, or just became, unavailable)."""
-
-
-class _Pump:
-    """The client's view of one pump: registry status plus its own health bookkeeping."""
-
-    def __init__(self, info: NodeInfo) -> None:
-        st = info.status
-        self.node_id = st.node_id
-        self.addr = st.addr
-        self.state = NodeState(st.state)
-        self.alive = info.alive
-        self.score = st.score
-        self.labels = dict(st.labels)
-        self.batcher: WriteBatcher | None = None
-        self.channel = None
-        self.failures = 0                    # consecutive failed writes
-        self.available = True
-        self.last_error = ""
-        self.next_probe = 0.0                # monotonic time of the next probe while unavailable
-        self.redeliver: OrderedDict[int, list[bytes]] = OrderedDict()
-
-    @property
-    def takes_prewrites(self) -> bool:
-        return (self.state == NodeState.ONLINE and self.alive and self.available
-                and self.batcher is not None)
-
-    def why_not(self) -> str:
-        if self.state != NodeState.ONLINE:
-            lost = " (marked lost)" if self.labels.get("lost") == "true" else ""
-            return f"state {self.state.value}{lost}"
-        if not self.alive:
-            return "not alive (no heartbeat in etcd)"
-        if not self.available:
-            return (f"unavailable after {self.failures} consecutive failed writes "
-                    f"(last: {self.last_error})")
-        return "ok"
-
-
-class _ClientMetrics:
-    def __init__(self) -> None:
-        m = self.m = Metrics("sluice_client")
-        self.writes = m.counter("writes_total", "write requests acknowledged", ("kind",))
-        self.prewrites, self.commits = self.writes.labels("prewrite"), self.writes.labels("commit")
-        self.binlogs = m.counter("binlogs_written_total", "binlogs acknowledged")
-        self.failures = m.counter("write_failures_total", "failed write attempts", ("pump",))
-        self.failovers = m.counter("failovers_total", "prewrites moved to another pump")
-        self.available = m.gauge("available_pumps", "pumps that take new prewrites")
-        self.redelivery = m.gauge("redelivery_pending", "commits/rollbacks waiting for a pump")
 
 
 class PumpsClient:
@@ -203,8 +86,8 @@ class PumpsClient:
         self.write_timeout_s = write_timeout_s
         self.linger_s = linger_s
         self.replicas = 1
-        self.metrics = _ClientMetrics()
-        self._pumps: dict[str, _Pump] = {}
+        self.metrics = ClientMetrics()
+        self._pumps: dict[str, PumpState] = {}
         self._candidates: list[Candidate] | None = None
         self._orphans: OrderedDict[int, frozenset[str]] = OrderedDict()
         self._redelivery_count = 0
@@ -227,7 +110,7 @@ class PumpsClient:
         self._etcd = Etcd(self.etcd_endpoints, self.security)
         self._registry = Registry(self._etcd, self.cluster_id)
         config = await asyncio.to_thread(self._registry.get_json, CONFIG_PATH)
-        self.replicas = _replicas_of(config, self._registry.cluster_key(CONFIG_PATH))
+        self.replicas = replicas_of(config, self._registry.cluster_key(CONFIG_PATH))
         nodes, revision = await asyncio.to_thread(self._registry.list, NodeKind.PUMP)
         for info in nodes:
             self._apply(info.node_id, info)
@@ -283,7 +166,7 @@ class PumpsClient:
             calls = [[raw]]   # the common case: serialized once, one call
         else:
             payloads = [part for b in binlogs for part in split_prewrite(b, limit)]
-            calls = _group_calls(payloads, limit)
+            calls = group_calls(payloads, limit)
         held: dict[str, int] = {}
         failed_here: dict[str, str] = {}
         if self.replicas == 1 and len(calls) == 1:
@@ -293,7 +176,7 @@ class PumpsClient:
                 p = self._pumps[first]
                 try:
                     wm = await self._write(p, calls[0], prewrite=True)
-                except _Failover as e:
+                except Failover as e:
                     failed_here[p.node_id] = str(e)
                 except BaseException:
                     self._remember_orphans(binlogs, {p.node_id})
@@ -311,10 +194,10 @@ class PumpsClient:
                          ", ".join(p.node_id for p in targets),
                          extra=kv(start_ts=start_ts, failed=",".join(failed_here)))
             tried.update(p.node_id for p in targets)
-            results = await _all(self._write_calls(p, calls) for p in targets)
+            results = await gather_results(self._write_calls(p, calls) for p in targets)
             final: BaseException | None = None
             for p, r in zip(targets, results):
-                if isinstance(r, _Failover):
+                if isinstance(r, Failover):
                     failed_here[p.node_id] = str(r)
                 elif isinstance(r, BaseException):
                     final = final or r
@@ -327,14 +210,14 @@ class PumpsClient:
         self._n_prewrites += 1
         return PrewriteAck(start_ts, tuple(held), max(held.values()))
 
-    async def _write_calls(self, p: _Pump, calls: list[list[bytes]]) -> int:
+    async def _write_calls(self, p: PumpState, calls: list[list[bytes]]) -> int:
         wm = 0
         for payloads in calls:
             wm = max(wm, await self._write(p, payloads, prewrite=True))
         return wm
 
     def _pick(self, start_ts: int, count: int, exclude: set[str],
-              failed_here: dict[str, str]) -> list[_Pump]:
+              failed_here: dict[str, str]) -> list[PumpState]:
         candidates = self._candidate_list()
         if exclude:
             candidates = [c for c in candidates if c.node_id not in exclude]
@@ -400,13 +283,13 @@ class PumpsClient:
             # The common case awaited directly: a coroutine layer per write is measurable CPU.
             try:
                 results = [await self._commit_to(ack.pumps[0], payloads)]
-            except _Failover as e:
+            except Failover as e:
                 results = [e]
         else:
-            results = await _all(self._commit_to(node_id, payloads) for node_id in ack.pumps)
+            results = await gather_results(self._commit_to(node_id, payloads) for node_id in ack.pumps)
         pending = []
         for node_id, r in zip(ack.pumps, results):
-            if isinstance(r, _Failover):
+            if isinstance(r, Failover):
                 pending.append((node_id, str(r)))
                 self._queue_redelivery(node_id, ack.start_ts, payloads)
             elif isinstance(r, BaseException):
@@ -426,9 +309,9 @@ class PumpsClient:
     async def _commit_to(self, node_id: str, payloads: list[bytes]) -> int:
         p = self._pumps.get(node_id)
         if p is None:
-            raise _Failover(f"pump {node_id} is no longer registered")
+            raise Failover(f"pump {node_id} is no longer registered")
         if p.state not in _DECIDING:
-            raise _Failover(f"pump {node_id} is {p.state.value}")
+            raise Failover(f"pump {node_id} is {p.state.value}")
         return await self._write(p, payloads, prewrite=False)
 
     def _queue_redelivery(self, node_id: str, start_ts: int, payloads: list[bytes]) -> None:
@@ -449,15 +332,15 @@ class PumpsClient:
         self._wake.set()
 
     # -- one write to one pump, with retries -------------------------------------------------
-    async def _write(self, p: _Pump, payloads: list[bytes], prewrite: bool) -> int:
+    async def _write(self, p: PumpState, payloads: list[bytes], prewrite: bool) -> int:
         attempts = 0
         while True:
             if prewrite and not (p.state is _ONLINE and p.alive and p.available
-                                 and p.batcher is not None):   # _Pump.takes_prewrites, inlined
-                raise _Failover(p.why_not())
+                                 and p.batcher is not None):   # PumpState.takes_prewrites, inlined
+                raise Failover(p.why_not())
             batcher = p.batcher
             if batcher is None:
-                raise _Failover(f"pump {p.node_id} has no connection")
+                raise Failover(f"pump {p.node_id} has no connection")
             try:
                 wm = await batcher.write_many(payloads)
             except _FINAL:
@@ -466,7 +349,7 @@ class PumpsClient:
                 attempts += 1
                 self._on_failure(p, e)
                 if attempts >= self.max_failures or not p.available:
-                    raise _Failover(f"{type(e).__name__}: {e}") from None
+                    raise Failover(f"{type(e).__name__}: {e}") from None
                 await asyncio.sleep(self.retry_backoff_s * (2 ** (attempts - 1)))
                 continue
             if p.failures or not p.available:
@@ -474,7 +357,7 @@ class PumpsClient:
             self._n_binlogs += len(payloads)
             return wm
 
-    def _on_failure(self, p: _Pump, e: errors.SluiceError) -> None:
+    def _on_failure(self, p: PumpState, e: errors.SluiceError) -> None:
         p.failures += 1
         p.last_error = f"{type(e).__name__}: {e}"
         self.metrics.failures.labels(p.node_id).inc()
@@ -487,12 +370,12 @@ class PumpsClient:
                         extra=kv(pump=p.node_id, addr=p.addr, failures=p.failures))
             self._wake.set()
 
-    def _on_success(self, p: _Pump) -> None:
+    def _on_success(self, p: PumpState) -> None:
         p.failures = 0
         if not p.available:
             self._mark_available(p, "a write succeeded")
 
-    def _mark_available(self, p: _Pump, why: str) -> None:
+    def _mark_available(self, p: PumpState, why: str) -> None:
         p.available = True
         p.failures = 0
         self._changed()
@@ -532,7 +415,7 @@ class PumpsClient:
             if jobs:
                 await asyncio.gather(*jobs, return_exceptions=True)
 
-    async def _probe(self, p: _Pump) -> None:
+    async def _probe(self, p: PumpState) -> None:
         assert p.batcher is not None
         p.next_probe = time.monotonic() + self.probe_interval_s
         try:
@@ -546,7 +429,7 @@ class PumpsClient:
         if p.redeliver:
             await self._redeliver(p)
 
-    async def _redeliver(self, p: _Pump) -> None:
+    async def _redeliver(self, p: PumpState) -> None:
         while p.redeliver and p.available and p.batcher is not None:
             start_ts, payloads = next(iter(p.redeliver.items()))
             try:
@@ -590,7 +473,7 @@ class PumpsClient:
             return
         st = info.status
         if p is None:
-            p = self._pumps[node_id] = _Pump(info)
+            p = self._pumps[node_id] = PumpState(info)
             self._connect(p)
             log.info("pump %s at %s: %s%s", node_id, p.addr, p.state.value,
                      "" if p.alive else " (not alive)", extra=kv(pump=node_id))
@@ -599,10 +482,10 @@ class PumpsClient:
         old_state, old_alive = p.state, p.alive
         p.state, p.alive, p.score, p.labels = NodeState(st.state), info.alive, st.score, dict(st.labels)
         if st.addr != p.addr:
-            old = _ChannelRef(p.channel, p.batcher)
+            old = ChannelRef(p.channel, p.batcher)
             p.addr = st.addr
             self._connect(p)
-            self._spawn(_close_ref(old), f"close old channel {node_id}")
+            self._spawn(close_ref(old), f"close old channel {node_id}")
         if (old_state, old_alive) != (p.state, p.alive):
             log.info("pump %s: %s%s -> %s%s", node_id, old_state.value,
                      "" if old_alive else " (not alive)", p.state.value,
@@ -619,13 +502,13 @@ class PumpsClient:
                 self.metrics.redelivery.set(self._redelivery_count)
         self._changed()
 
-    def _connect(self, p: _Pump) -> None:
+    def _connect(self, p: PumpState) -> None:
         p.channel = grpcutil.aio_channel(p.addr, self.security)
         p.batcher = WriteBatcher(p.channel, self.cluster_id, max_batch=512, max_inflight=2,
                                  linger_s=self.linger_s, timeout_s=self.write_timeout_s)
 
-    async def _close_pump_channel(self, p: _Pump) -> None:
-        await _close_ref(_ChannelRef(p.channel, p.batcher))
+    async def _close_pump_channel(self, p: PumpState) -> None:
+        await close_ref(ChannelRef(p.channel, p.batcher))
         p.channel, p.batcher = None, None
 
     def _changed(self) -> None:
@@ -642,37 +525,3 @@ class PumpsClient:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-async def _all(coros: Iterable[Awaitable[int]]) -> list[int | BaseException]:
-    """Results or exceptions of the coroutines, run concurrently; the usual single write is
-    awaited directly (a Task per write costs more CPU than the write's own bookkeeping)."""
-    coros = list(coros)
-    if len(coros) == 1:
-        try:
-            return [await coros[0]]
-        except Exception as e:  # noqa: BLE001 - returned like gather(return_exceptions=True)
-            return [e]
-    return await asyncio.gather(*coros, return_exceptions=True)
-
-
-@dataclass(frozen=True)
-class _ChannelRef:
-    channel: object = None
-    batcher: WriteBatcher | None = None
-
-
-async def _close_ref(ref: _ChannelRef) -> None:
-    if ref.batcher is not None:
-        await ref.batcher.close()
-    if ref.channel is not None:
-        await ref.channel.close()  # type: ignore[attr-defined]
-
-
-def _replicas_of(config: object, key: str) -> int:
-    if config is None:
-        return 1
-    replicas = config.get("replicas", 1) if isinstance(config, dict) else None
-    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-        raise errors.ConfigError(f"{key}: replicas must be a positive integer, got {config!r}")
-    return replicas

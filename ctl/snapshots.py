@@ -23,6 +23,7 @@ import uuid
 from sluice.capture.snapshot.signals import parse_etcd_signal, parse_signal
 from sluice.core import errors
 from sluice.core.registry import NodeKind, snapshot_progress_path
+from sluice.core.table import quote_ident
 
 from . import render
 from .context import Ctx
@@ -121,7 +122,7 @@ def _send_to_table(ctx: Ctx, args: argparse.Namespace, doc: dict[str, object]) -
     from .verify import MySQLSide   # pymysql only for this path
     side = MySQLSide(args.source)
     try:
-        side.query(f"INSERT INTO {quote_name(db)}.{quote_name(table)} (id, type, data) "
+        side.query(f"INSERT INTO {quote_ident(db)}.{quote_ident(table)} (id, type, data) "
                    "VALUES (%s, %s, %s)", (doc["id"], doc["type"], data))
     except Exception as e:  # noqa: BLE001 - pymysql errors: name the table and the cause
         raise errors.FailedPrecondition(f"cannot insert the signal into {args.signal_table} on "
@@ -134,10 +135,6 @@ def _send_to_table(ctx: Ctx, args: argparse.Namespace, doc: dict[str, object]) -
         ctx.print(f"{doc['type']} signal {doc['id']} inserted into {args.signal_table} for "
                   f"{args.producer}")
     return 0
-
-
-def quote_name(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def status(ctx: Ctx, args: argparse.Namespace) -> int:

@@ -31,10 +31,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from sluice.capture.snapshot.chunks import ChunkSplitter, SplitOptions
-from sluice.capture.snapshot.keys import KeySpec, NoSnapshotKey, after, at_most, load_shape, \
-    quote
+from sluice.capture.snapshot.keys import KeySpec, NoSnapshotKey, after, at_most, load_shape
 from sluice.core import errors, rowcodec
 from sluice.core.secrets import mask_dsn
+from sluice.core.table import quote_ident, read_table_info
 from sluice.proto import sluice_pb2 as pb
 
 from . import render
@@ -231,9 +231,9 @@ class MySQLSide:
 
     def select(self, db: str, table: str, columns: Sequence[str], where: str,
                params: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
-        cols = ", ".join(quote(c) for c in columns)
+        cols = ", ".join(quote_ident(c) for c in columns)
         w = f" WHERE {where}" if where else ""
-        yield from self.query(f"SELECT {cols} FROM {quote(db)}.{quote(table)}{w}", params)
+        yield from self.query(f"SELECT {cols} FROM {quote_ident(db)}.{quote_ident(table)}{w}", params)
 
 
 class Target(Protocol):
@@ -321,16 +321,8 @@ class SparkTarget:
 
 def _columns(source: MySQLSide, db: str, table: str) -> tuple[pb.ColumnInfo, ...]:
     """Columns of a keyless table (load_shape refuses to choose a key for it)."""
-    from sluice.capture.snapshot import keys
-    rows = source.query(
-        "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, CHARACTER_SET_NAME, "
-        "NUMERIC_PRECISION, NUMERIC_SCALE, DATETIME_PRECISION, CHARACTER_MAXIMUM_LENGTH, "
-        "GENERATION_EXPRESSION FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=%s AND "
-        "TABLE_NAME=%s ORDER BY ORDINAL_POSITION", (db, table))
-    names = ("COLUMN_NAME", "DATA_TYPE", "COLUMN_TYPE", "IS_NULLABLE", "CHARACTER_SET_NAME",
-             "NUMERIC_PRECISION", "NUMERIC_SCALE", "DATETIME_PRECISION",
-             "CHARACTER_MAXIMUM_LENGTH", "GENERATION_EXPRESSION")
-    return tuple(keys._column_info(dict(zip(names, r))) for r in rows)
+    with source.conn.cursor() as cur:
+        return tuple(read_table_info(cur, db, table).columns)
 
 
 def _split(table: str) -> tuple[str, str]:

@@ -45,12 +45,12 @@ from typing import Any
 
 from pymysql.converters import escape_bytes, escape_date, escape_datetime, escape_float, escape_string, escape_timedelta
 
-from sluice.drainer.translator import (DELETE, INSERT, UPDATE, UPSERT, RowChange, TableShape, fold, quote_id,
+from sluice.drainer.translator import (DELETE, INSERT, UPDATE, UPSERT, RowChange, ApplyShape, fold, quote_id,
                                       shape_of)
 from sluice.proto import sluice_pb2 as pb
 
 
-def table_name(shape: TableShape) -> str:
+def table_name(shape: ApplyShape) -> str:
     return shape.sql_name
 
 
@@ -86,7 +86,7 @@ _INS, _REP, _DEL, _UPD = "INSERT", "REPLACE", "DELETE", "UPDATE"
 @dataclasses.dataclass(slots=True)
 class _Op:
     kind: str
-    shape: TableShape
+    shape: ApplyShape
     row: tuple[Any, ...]              # after (INSERT/REPLACE), before (DELETE)
     new: tuple[Any, ...] | None       # UPDATE: after
     change: RowChange
@@ -95,7 +95,7 @@ class _Op:
 @dataclasses.dataclass(slots=True)
 class _Group:
     kind: str
-    shape: TableShape
+    shape: ApplyShape
     ops: list[_Op]
     keys: set[str]
 
@@ -147,7 +147,7 @@ def group(changes: Sequence[RowChange], safe: Sequence[bool]) -> list[_Group]:
     return groups
 
 
-def _where(shape: TableShape, row: tuple[Any, ...]) -> str:
+def _where(shape: ApplyShape, row: tuple[Any, ...]) -> str:
     parts = []
     for i in shape.identity:
         v = row[i]
@@ -157,14 +157,14 @@ def _where(shape: TableShape, row: tuple[Any, ...]) -> str:
     return " AND ".join(parts) if parts else "1=1"
 
 
-def _values(shape: TableShape, row: tuple[Any, ...]) -> str:
+def _values(shape: ApplyShape, row: tuple[Any, ...]) -> str:
     lit = _LITERALS
     if len(shape.writable) == len(row):
         return "(" + ",".join([lit[type(v)](v) for v in row]) + ")"
     return "(" + ",".join([literal(row[i]) for i in shape.writable]) + ")"
 
 
-def _columns(shape: TableShape) -> str:
+def _columns(shape: ApplyShape) -> str:
     return shape.sql_columns
 
 
@@ -200,7 +200,7 @@ MAX_ROWS_PER_STATEMENT = 512
 _UNKNOWN = object()  # merge_table: whether the row existed before the batch is not known
 
 
-def merge_table(shape: TableShape, changes: Sequence[RowChange], safe: bool
+def merge_table(shape: ApplyShape, changes: Sequence[RowChange], safe: bool
                 ) -> list[tuple[str, list[RowChange]]] | None:
     """The net effect of one table's changes (batch order) as DELETE / INSERT / upsert
     statements, or None when it cannot be merged (no identity, or identities equal only once

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.core.rowcodec import MySQLDateTime, datum_to_python, row_to_dict
+from sluice.core.table import quote_ident as quote_id
 from sluice.drainer.txn import RowEvent, SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 
@@ -38,13 +39,13 @@ _NOT_IN_ROW_IMAGE_WHERE = frozenset({"float", "double", "real"})
 _DATE_TYPES = frozenset({"date", "newdate"})
 
 
-def quote_id(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
-class TableShape:
-    """What the SQL builder needs of one TableInfo version (visible columns only)."""
+class ApplyShape:
+    """What the SQL builder needs of one TableInfo version (visible columns only).
+
+    Not core.table.TableShape: that one describes a source table as a producer reads it
+    (all columns, its key, from information_schema); this one is the downstream apply's view
+    of a decoded row (hidden columns dropped, the WHERE identity, causality key specs)."""
 
     table_id: int
     version: int
@@ -85,14 +86,14 @@ class RowChange:
     """One row change to apply downstream; values are in `shape.columns` order."""
 
     kind: str                                # insert | update | delete | upsert (snapshot read)
-    shape: TableShape
+    shape: ApplyShape
     commit_ts: int
     before: tuple[Any, ...] | None           # update, delete
     after: tuple[Any, ...] | None            # insert, update, upsert
     keys: tuple[str, ...]                    # causality keys of both images
 
 
-def shape_of(info: pb.TableInfo) -> TableShape:
+def shape_of(info: pb.TableInfo) -> ApplyShape:
     visible = [c for c in info.columns if not c.hidden]
     names = tuple(c.name for c in visible)
     pos = {n: i for i, n in enumerate(names)}
@@ -117,7 +118,7 @@ def shape_of(info: pb.TableInfo) -> TableShape:
     if identity is None:
         identity = tuple(i for i, c in enumerate(visible)
                          if not c.generated and c.data_type.lower() not in _NOT_IN_ROW_IMAGE_WHERE)
-    return TableShape(
+    return ApplyShape(
         table_id=info.table_id, version=info.version, schema=info.schema_name,
         table=info.table_name, columns=names,
         data_types=tuple(c.data_type.lower() for c in visible), infos=tuple(visible),
@@ -149,7 +150,7 @@ def sql_value(value: Any, data_type: str) -> Any:
     return value
 
 
-def decode_row(row: pb.Row, info: pb.TableInfo, shape: TableShape) -> tuple[Any, ...]:
+def decode_row(row: pb.Row, info: pb.TableInfo, shape: ApplyShape) -> tuple[Any, ...]:
     datums = row.columns
     n = len(datums)
     if n == len(shape.columns):
@@ -179,7 +180,7 @@ def decode_row(row: pb.Row, info: pb.TableInfo, shape: TableShape) -> tuple[Any,
     return tuple(out)
 
 
-def _decode_other(d: pb.Datum, kind: str, i: int, shape: TableShape) -> Any:
+def _decode_other(d: pb.Datum, kind: str, i: int, shape: ApplyShape) -> Any:
     """sql_value(datum_to_python(d)) for the remaining kinds, without its generic dispatch."""
     if kind == "bytes":
         return int.from_bytes(d.bytes, "big") if i in shape.bit_columns else d.bytes
@@ -234,7 +235,7 @@ def fold(v: Any) -> str:
     return "t" + str(v)
 
 
-def row_keys(shape: TableShape, values: Sequence[Any]) -> list[str]:
+def row_keys(shape: ApplyShape, values: Sequence[Any]) -> list[str]:
     prefix = shape.qualified
     if shape.has_identity or shape.unique:
         out = []
@@ -263,12 +264,12 @@ def row_keys(shape: TableShape, values: Sequence[Any]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 class Translator:
-    """Turns Txns into RowChanges; caches one TableShape per TableInfo version it meets."""
+    """Turns Txns into RowChanges; caches one ApplyShape per TableInfo version it meets."""
 
     def __init__(self) -> None:
-        self._shapes: dict[tuple[int, str | None, str | None], tuple[pb.TableInfo, TableShape]] = {}
+        self._shapes: dict[tuple[int, str | None, str | None], tuple[pb.TableInfo, ApplyShape]] = {}
 
-    def shape(self, info: pb.TableInfo, schema: str | None = None, table: str | None = None) -> TableShape:
+    def shape(self, info: pb.TableInfo, schema: str | None = None, table: str | None = None) -> ApplyShape:
         """The shape of info (under schema.table when given); one object per version and name,
         so the SQL builder can merge rows of one table by identity."""
         key = (id(info), schema, table)

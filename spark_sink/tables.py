@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from sluice.core.errors import FailedPrecondition
+from sluice.core.table import quote_ident
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink.types import UnsupportedType, castable, spark_type, widens
 
@@ -57,7 +58,7 @@ def ident(name: str) -> str:
 
 def q(*parts: str) -> str:
     """A backquoted, dotted identifier."""
-    return ".".join("`" + p.replace("`", "``") + "`" for p in parts)
+    return ".".join(quote_ident(p) for p in parts)
 
 
 def sql_str(text: str) -> str:

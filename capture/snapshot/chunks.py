@@ -13,7 +13,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sluice.capture.snapshot.keys import KeySpec, after, at_most, quote
+from sluice.capture.snapshot.keys import KeySpec, after, at_most
+from sluice.core.table import quote_ident
 from sluice.core.errors import InvalidArgument
 from sluice.core.log import kv
 
@@ -62,7 +63,7 @@ class Chunk:
 
 
 def _edge_key(conn: Any, spec: KeySpec, desc: bool, condition: str) -> tuple[Any, ...] | None:
-    order = ", ".join(quote(c) + (" DESC" if desc else "") for c in spec.columns)
+    order = ", ".join(quote_ident(c) + (" DESC" if desc else "") for c in spec.columns)
     where = f" WHERE {condition}" if condition else ""
     with conn.cursor() as cur:
         cur.execute(f"SELECT {spec.sql_columns} FROM {spec.sql_table}{where} "
@@ -170,7 +171,7 @@ class ChunkSplitter:
         conds.append(sql)
         params += p
         where = " WHERE " + " AND ".join(conds)
-        order = ", ".join(quote(c) for c in spec.columns)
+        order = ", ".join(quote_ident(c) for c in spec.columns)
         self.queries += 1
         with self.conn.cursor() as cur:
             cur.execute(f"SELECT {spec.sql_columns} FROM {spec.sql_table}{where} ORDER BY {order} "

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.capture.snapshot.chunks import Chunk
-from sluice.capture.snapshot.keys import TableShape, key_of_row
+from sluice.capture.snapshot.keys import SnapshotTable, key_of_row
 from sluice.proto import sluice_pb2 as pb
 
 __all__ = ["SNAPSHOT_SUB_SEQ", "ChunkEmission", "Stamper", "changed_keys", "rows_by_key"]
@@ -28,7 +28,7 @@ class ChunkEmission:
     """Rows to emit as op=r (one pump transaction) at `position`."""
 
     window_id: str
-    shape: TableShape
+    shape: SnapshotTable
     chunk: Chunk
     rows: tuple[pb.Row, ...]
     position: pb.Position
@@ -71,7 +71,7 @@ class Stamper:
         return p
 
 
-def changed_keys(mutation: pb.TableMutation, shape: TableShape) -> list[tuple[Any, ...]]:
+def changed_keys(mutation: pb.TableMutation, shape: SnapshotTable) -> list[tuple[Any, ...]]:
     """Every key a binlog mutation touches: inserted, deleted, updated (before and after)."""
     out: list[tuple[Any, ...]] = []
     for ch in mutation.changes:
@@ -82,5 +82,5 @@ def changed_keys(mutation: pb.TableMutation, shape: TableShape) -> list[tuple[An
     return out
 
 
-def rows_by_key(rows: Sequence[pb.Row], shape: TableShape) -> dict[tuple[Any, ...], pb.Row]:
+def rows_by_key(rows: Sequence[pb.Row], shape: SnapshotTable) -> dict[tuple[Any, ...], pb.Row]:
     return {key_of_row(r, shape): r for r in rows}

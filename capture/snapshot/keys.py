@@ -16,30 +16,22 @@ spelled-out form is a range scan on the primary key.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Any
 
-import pymysql
-
 from sluice.core import rowcodec
-from sluice.core.errors import FailedPrecondition, InvalidArgument
+from sluice.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from sluice.core.table import TableShape, quote_ident, read_table_info
 from sluice.proto import sluice_pb2 as pb
 
-__all__ = ["KeySpec", "NoSnapshotKey", "TableShape", "load_shape", "quote", "key_of_row",
-           "after", "at_most", "INTEGER_TYPES"]
+__all__ = ["KeySpec", "NoSnapshotKey", "SnapshotTable", "load_shape", "key_of_row", "after",
+           "at_most", "INTEGER_TYPES"]
 
 INTEGER_TYPES = frozenset({"tinyint", "smallint", "mediumint", "int", "integer", "bigint"})
-_ENUM_RE = re.compile(r"'((?:[^']|'')*)'")
 
 
 class NoSnapshotKey(FailedPrecondition):
     """A table that cannot be chunked: no primary key and no usable surrogate key."""
-
-
-def quote(name: str) -> str:
-    """A MySQL identifier in backquotes (backquotes inside doubled)."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,88 +51,46 @@ class KeySpec:
 
     @property
     def sql_table(self) -> str:
-        return f"{quote(self.db)}.{quote(self.table)}"
+        return f"{quote_ident(self.db)}.{quote_ident(self.table)}"
 
     @property
     def sql_columns(self) -> str:
-        return ", ".join(quote(c) for c in self.columns)
+        return ", ".join(quote_ident(c) for c in self.columns)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class TableShape:
-    """Columns (as the capture describes them) and the snapshot key of one table."""
+class SnapshotTable:
+    """A table being snapshotted: its shape (core/table.py) keyed by the chosen snapshot key."""
 
+    shape: TableShape
     key: KeySpec
-    columns: tuple[pb.ColumnInfo, ...]
-    key_index: tuple[int, ...]     # positions of the key columns in `columns`
+
+    @property
+    def columns(self) -> tuple[pb.ColumnInfo, ...]:
+        return self.shape.columns
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
+        return self.shape.names
+
+    @property
+    def key_index(self) -> tuple[int, ...]:
+        return self.shape.key_index
 
 
-def _column_info(row: dict[str, Any]) -> pb.ColumnInfo:
-    ctype = str(row["COLUMN_TYPE"])
-    dtype = str(row["DATA_TYPE"]).lower()
-    c = pb.ColumnInfo(name=str(row["COLUMN_NAME"]), data_type=dtype, column_type=ctype,
-                      nullable=row["IS_NULLABLE"] == "YES", unsigned="unsigned" in ctype.lower(),
-                      charset=str(row["CHARACTER_SET_NAME"] or ""),
-                      generated=bool(row["GENERATION_EXPRESSION"]))
-    if dtype in ("decimal", "numeric"):
-        c.precision, c.scale = int(row["NUMERIC_PRECISION"] or 0), int(row["NUMERIC_SCALE"] or 0)
-    elif dtype in ("datetime", "timestamp", "time"):
-        c.scale = int(row["DATETIME_PRECISION"] or 0)
-    elif dtype in ("enum", "set"):
-        c.elements.extend(e.replace("''", "'") for e in _ENUM_RE.findall(ctype))
-    elif row["CHARACTER_MAXIMUM_LENGTH"] is not None:
-        c.length = min(int(row["CHARACTER_MAXIMUM_LENGTH"]), 2**32 - 1)
-    return c
-
-
-_JSON_CHECK = re.compile(r"^\s*json_valid\(`((?:[^`]|``)+)`\)\s*$", re.IGNORECASE)
-
-
-def _mark_json(cur: Any, db: str, table: str, cols: list[pb.ColumnInfo]) -> None:
-    """MariaDB's JSON is a LONGTEXT with a `json_valid(col)` check, which information_schema
-    lists as LONGTEXT: the column becomes "json", as the capture's DDL reader makes it, so chunk
-    rows carry the binlog's json Datums. (MySQL reports JSON itself and has no TABLE_NAME in
-    CHECK_CONSTRAINTS: nothing to do there.)"""
-    if not any(c.data_type.endswith("text") for c in cols):
-        return
-    try:
-        cur.execute("SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
-                    "WHERE CONSTRAINT_SCHEMA=%s AND TABLE_NAME=%s", (db, table))
-    except (pymysql.err.OperationalError, pymysql.err.ProgrammingError, pymysql.err.InternalError):
-        return
-    checked = {m.group(1).replace("``", "`") for (clause,) in cur.fetchall()
-               if (m := _JSON_CHECK.match(str(clause)))}
-    for c in cols:
-        if c.name in checked and c.data_type.endswith("text"):
-            c.data_type = c.column_type = "json"
-
-
-def load_shape(conn: Any, db: str, table: str, surrogate_key: str = "") -> TableShape:
+def load_shape(conn: Any, db: str, table: str, surrogate_key: str = "") -> SnapshotTable:
     """Read the table's columns and indexes and choose its snapshot key.
 
     The primary key wins unless a surrogate key is asked for (Debezium's `surrogate-key` of
     `execute-snapshot`), which must name a NOT NULL column with a single-column unique index.
     """
     with conn.cursor() as cur:
-        cur.execute("SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, CHARACTER_SET_NAME, "
-                    "NUMERIC_PRECISION, NUMERIC_SCALE, DATETIME_PRECISION, "
-                    "CHARACTER_MAXIMUM_LENGTH, GENERATION_EXPRESSION FROM information_schema.COLUMNS "
-                    "WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s ORDER BY ORDINAL_POSITION", (db, table))
-        names = [d[0] for d in cur.description]
-        cols = [_column_info(dict(zip(names, r))) for r in cur.fetchall()]
-        if not cols:
-            raise InvalidArgument(f"snapshot of {db}.{table}: no such table")
-        _mark_json(cur, db, table, cols)
-        cur.execute("SELECT INDEX_NAME, NON_UNIQUE, COLUMN_NAME FROM information_schema.STATISTICS "
-                    "WHERE TABLE_SCHEMA=%s AND TABLE_NAME=%s ORDER BY INDEX_NAME, SEQ_IN_INDEX",
-                    (db, table))
-        indexes: dict[str, tuple[bool, list[str]]] = {}
-        for name, non_unique, col in cur.fetchall():
-            indexes.setdefault(name, (not int(non_unique), []))[1].append(col)
+        try:
+            info = read_table_info(cur, db, table)
+        except NotFound:
+            raise InvalidArgument(f"snapshot of {db}.{table}: no such table") from None
+    cols = list(info.columns)
+    indexes = {ix.name: (ix.unique or ix.primary, list(ix.columns)) for ix in info.indexes}
     by_name = {c.name: c for c in cols}
     if surrogate_key:
         c = by_name.get(surrogate_key)
@@ -165,12 +115,10 @@ def load_shape(conn: Any, db: str, table: str, surrogate_key: str = "") -> Table
     spec = KeySpec(db=db, table=table, columns=tuple(key_cols), kind=kind,
                    integer=len(key_cols) == 1 and first.data_type in INTEGER_TYPES,
                    unsigned=first.unsigned)
-    order = [c.name for c in cols]
-    return TableShape(key=spec, columns=tuple(cols),
-                      key_index=tuple(order.index(k) for k in key_cols))
+    return SnapshotTable(shape=TableShape(info, tuple(key_cols)), key=spec)
 
 
-def key_of_row(row: pb.Row, shape: TableShape) -> tuple[Any, ...]:
+def key_of_row(row: pb.Row, shape: SnapshotTable) -> tuple[Any, ...]:
     """The key tuple of a row image (a SELECT row converted to Datums or a binlog image)."""
     cols = row.columns
     return tuple(rowcodec.datum_to_python(cols[i], shape.columns[i]) for i in shape.key_index)
@@ -182,10 +130,10 @@ def _lexicographic(columns: Sequence[str], op: str) -> str:
     strict = ">" if op == ">" else "<"
     terms: list[str] = []
     for i, c in enumerate(columns):
-        eqs = [f"{quote(p)} = %s" for p in columns[:i]]
+        eqs = [f"{quote_ident(p)} = %s" for p in columns[:i]]
         last = i == len(columns) - 1
         cmp = op if last else strict
-        terms.append("(" + " AND ".join([*eqs, f"{quote(c)} {cmp} %s"]) + ")")
+        terms.append("(" + " AND ".join([*eqs, f"{quote_ident(c)} {cmp} %s"]) + ")")
     return "(" + " OR ".join(terms) + ")"
 
 
@@ -200,12 +148,12 @@ def _params(values: Sequence[Any]) -> list[Any]:
 def after(spec: KeySpec, key: Sequence[Any]) -> tuple[str, list[Any]]:
     """`key_columns > key` as (SQL, parameters)."""
     if len(spec.columns) == 1:
-        return f"{quote(spec.columns[0])} > %s", [key[0]]
+        return f"{quote_ident(spec.columns[0])} > %s", [key[0]]
     return _lexicographic(spec.columns, ">"), _params(key)
 
 
 def at_most(spec: KeySpec, key: Sequence[Any]) -> tuple[str, list[Any]]:
     """`key_columns <= key` as (SQL, parameters)."""
     if len(spec.columns) == 1:
-        return f"{quote(spec.columns[0])} <= %s", [key[0]]
+        return f"{quote_ident(spec.columns[0])} <= %s", [key[0]]
     return _lexicographic(spec.columns, "<="), _params(key)

@@ -22,7 +22,8 @@ import pymysql.cursors
 from pymysql.constants import FIELD_TYPE
 
 from sluice.capture.snapshot.chunks import Chunk
-from sluice.capture.snapshot.keys import TableShape, quote
+from sluice.capture.snapshot.keys import SnapshotTable
+from sluice.core.table import quote_ident
 from sluice.core.errors import InvalidArgument
 from sluice.proto import sluice_pb2 as pb
 
@@ -241,19 +242,19 @@ def _compile_reader(plan: list[tuple[int, str | None, Any, Callable[[pb.Datum, A
     return env["read"]  # type: ignore[no-any-return]
 
 
-def chunk_sql(shape: TableShape, chunk: Chunk, condition: str = "") -> tuple[str, list[Any]]:
+def chunk_sql(shape: SnapshotTable, chunk: Chunk, condition: str = "") -> tuple[str, list[Any]]:
     """The chunk's SELECT: every column, key range, optional additional condition, key order."""
     spec = shape.key
     where, params = chunk.where(spec)
     if condition:
         # Pasted into a parameterised statement: a literal % (as in `id % 2 = 0`) is doubled.
         where = f"{where} AND ({condition.replace('%', '%%')})"
-    cols = ", ".join(quote(c.name) for c in shape.columns)
-    order = ", ".join(quote(c) for c in spec.columns)
+    cols = ", ".join(quote_ident(c.name) for c in shape.columns)
+    order = ", ".join(quote_ident(c) for c in spec.columns)
     return f"SELECT {cols} FROM {spec.sql_table} WHERE {where} ORDER BY {order}", params
 
 
-def read_chunk(conn: Any, shape: TableShape, chunk: Chunk, condition: str = "",
+def read_chunk(conn: Any, shape: SnapshotTable, chunk: Chunk, condition: str = "",
                converter: RowConverter | None = None) -> list[pb.Row]:
     """Run the chunk's SELECT on `conn` (autocommit: one consistent read; or inside the caller's
     consistent-snapshot transaction) and convert its rows."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from sluice.capture.snapshot.chunks import Chunk
 from sluice.capture.snapshot.emit import ChunkEmission, Stamper
-from sluice.capture.snapshot.keys import TableShape
+from sluice.capture.snapshot.keys import SnapshotTable
 from sluice.capture.snapshot.reader import RowConverter, chunk_sql, select_rows
 from sluice.core import failpoint
 from sluice.core.errors import FailedPrecondition
@@ -48,7 +48,7 @@ class Ticket:
 
     id: int
     p: _FileOff | None = None
-    shape: TableShape | None = None
+    shape: SnapshotTable | None = None
     chunk: Chunk | None = None
     rows: tuple[pb.Row, ...] | None = None
     after_seq: int = 0                  # offers numbered <= this came before registration
@@ -87,7 +87,7 @@ class ConsistentReadHold:
         with self._lock:
             ticket.p = binlog_coord(file_name, offset)
 
-    def complete(self, ticket: Ticket, shape: TableShape, chunk: Chunk,
+    def complete(self, ticket: Ticket, shape: SnapshotTable, chunk: Chunk,
                  rows: Sequence[pb.Row]) -> None:
         with self._lock:
             if ticket.p is None:
@@ -170,7 +170,7 @@ class ConsistentReadHold:
                 return out
 
 
-def read_chunk_consistent(conn: Any, hold: ConsistentReadHold, shape: TableShape, chunk: Chunk,
+def read_chunk_consistent(conn: Any, hold: ConsistentReadHold, shape: SnapshotTable, chunk: Chunk,
                           condition: str = "", converter: RowConverter | None = None) -> Ticket:
     """Read one chunk the read-only way on `conn` (a `snapshot_connect` connection) and hand it
     to the hold. No locks are taken and nothing is written."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from sluice.capture.snapshot.chunks import Chunk
 from sluice.capture.snapshot.emit import ChunkEmission, Stamper, changed_keys, rows_by_key
-from sluice.capture.snapshot.keys import TableShape
+from sluice.capture.snapshot.keys import SnapshotTable
 from sluice.capture.snapshot.signals import InvalidSignal, Signal, Watermark, parse_signal
 from sluice.core import rowcodec
 from sluice.core.errors import FailedPrecondition
@@ -38,7 +38,7 @@ class WindowProtocolError(FailedPrecondition):
 @dataclasses.dataclass
 class _Window:
     id: str
-    shape: TableShape
+    shape: SnapshotTable
     chunk: Chunk
     opened: bool = False                       # LW seen by the reader
     rows: dict[tuple[Any, ...], pb.Row] | None = None
@@ -80,7 +80,7 @@ class WindowReconciler:
 
     # -- worker side --------------------------------------------------------------------------
 
-    def open(self, window_id: str, shape: TableShape, chunk: Chunk) -> None:
+    def open(self, window_id: str, shape: SnapshotTable, chunk: Chunk) -> None:
         """Register a window before its low watermark is written."""
         with self._lock:
             if window_id in self._windows:

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sluice.capture.snapshot.chunks import ChunkSplitter
-from sluice.capture.snapshot.keys import TableShape, quote
+from sluice.capture.snapshot.keys import SnapshotTable
+from sluice.core.table import quote_ident
 from sluice.capture.snapshot.readonly import (CHUNK_FAILPOINT, ConsistentReadHold,
                                               read_chunk_consistent)
 from sluice.capture.snapshot.reader import RowConverter, read_chunk
@@ -39,7 +40,7 @@ OnChunk = Callable[[str, int, float, "float | None"], None]
 class TableRun:
     """Shared bookkeeping of one table's snapshot: next chunk, counters, progress log."""
 
-    def __init__(self, shape: TableShape, splitter: ChunkSplitter, estimated_rows: int = 0,
+    def __init__(self, shape: SnapshotTable, splitter: ChunkSplitter, estimated_rows: int = 0,
                  log_every_s: float = 5.0, gate: Callable[[], bool] | None = None,
                  on_chunk: OnChunk | None = None) -> None:
         self.shape, self.splitter = shape, splitter
@@ -120,7 +121,7 @@ def run_signal_table(run: TableRun, reconciler: WindowReconciler, connect: Calla
     """DBLog: per chunk LW row -> SELECT -> rows to the reconciler -> HW row, then wait until
     the binlog reader emitted it. `connect` gives a `snapshot_connect` connection."""
     db, _, table = signal_table.partition(".")
-    insert = f"INSERT INTO {quote(db)}.{quote(table)} (id, type, data) VALUES (%s, %s, %s)"
+    insert = f"INSERT INTO {quote_ident(db)}.{quote_ident(table)} (id, type, data) VALUES (%s, %s, %s)"
     conv = RowConverter(run.shape.columns)
 
     def one(arg: Any) -> None:

@@ -136,3 +136,36 @@ def test_resume_continues_at_the_next_chunk(src: Any, table: str) -> None:
     # One boundary query per remaining chunk (+1 row estimate for an integer key); no max-key
     # query and nothing for chunks 0..3.
     assert resumed.queries <= len(rest) + 1 < len(full)
+
+
+def test_information_schema_marks_json_columns_as_the_binlog_ddl_reader_does(src: Any) -> None:
+    """A MariaDB JSON column is described as the binlog capture's DDL reader describes it: a
+    text-family column whose CHECK starts with json_valid(<that column>) gets data_type and
+    column_type "json"; any other column keeps its own type whatever its CHECK says. Every
+    producer (application transactions, snapshots, ctl verify) reads tables through the one
+    core.table.read_table_info, so a table's rows carry the same Datum kinds from all of them."""
+    from sluice.capture import ddl as capture_ddl
+    from sluice.core.table import read_table_info
+    create = ("CREATE TABLE js (id INT PRIMARY KEY, j JSON, `j``q` JSON, "
+              "jm LONGTEXT CHECK (json_valid(jm)), "
+              "vc VARCHAR(200) CHECK (json_valid(vc)), "
+              "nj LONGTEXT CHECK (NOT json_valid(nj)), "
+              "both_ TEXT, CONSTRAINT c1 CHECK (length(both_) < 100 AND json_valid(both_)))")
+    with src.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS {DB}.js")
+        cur.execute(f"USE {DB}")
+        cur.execute(create)
+        cur.execute(f"SHOW CREATE TABLE {DB}.js")
+        shown = cur.fetchone()[1]
+        info = read_table_info(cur, DB, "js")
+    got = {c.name: (c.data_type, c.column_type) for c in info.columns}
+    assert got["j"] == got["j`q"] == got["jm"] == ("json", "json"), got
+    assert got["vc"] == ("varchar", "varchar(200)"), got      # not text: a checked VARCHAR
+    assert got["nj"] == ("longtext", "longtext"), got          # NOT json_valid is no JSON column
+    assert got["both_"] == ("text", "text"), got               # json_valid is not the check
+    st = capture_ddl.parse(shown, DB)
+    assert st is not None and st.table_def is not None
+    from_binlog = {c.name: (c.data_type, c.column_type) for c in st.table_def.columns}
+    assert {n: got[n] for n in ("j", "j`q", "jm", "vc")} == \
+        {n: from_binlog[n] for n in ("j", "j`q", "jm", "vc")}
+    assert load_shape(src, DB, "js").columns == tuple(info.columns)

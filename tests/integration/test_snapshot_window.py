@@ -19,7 +19,7 @@ from sluice.capture.reader import BinlogReader
 from sluice.capture.schema import SchemaTracker, TableFilter
 from sluice.capture.snapshot.chunks import ChunkSplitter, SplitOptions
 from sluice.capture.snapshot.emit import SNAPSHOT_SUB_SEQ, ChunkEmission
-from sluice.capture.snapshot.keys import TableShape, key_of_row, load_shape
+from sluice.capture.snapshot.keys import SnapshotTable, key_of_row, load_shape
 from sluice.capture.snapshot.readonly import ConsistentReadHold
 from sluice.capture.snapshot.reader import RowConverter, snapshot_connect
 from sluice.capture.snapshot.signals import SIGNAL_TABLE_DDL
@@ -41,7 +41,7 @@ def conn_args(db: MariaDBServer) -> dict[str, Any]:
 class Model:
     """key -> row values; binlog changes and op=r rows applied in emission order."""
 
-    def __init__(self, shape: TableShape) -> None:
+    def __init__(self, shape: SnapshotTable) -> None:
         self.shape = shape
         self.rows: dict[tuple, tuple] = {}
         self.chunks = 0
@@ -67,7 +67,7 @@ class Model:
             self.rows[key_of_row(r, self.shape)] = self.values(r)
 
 
-def source_rows(db: MariaDBServer, shape: TableShape) -> dict[tuple, tuple]:
+def source_rows(db: MariaDBServer, shape: SnapshotTable) -> dict[tuple, tuple]:
     conn = snapshot_connect(conn_args(db))
     try:
         with conn.cursor() as cur:

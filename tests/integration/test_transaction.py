@@ -1,5 +1,5 @@
-"""Application transactions (client/transaction.py, outbox.py, producer.py, ddl.py) against real
-etcd, TSO, two pump processes and MariaDB."""
+"""Application transactions (client/transaction.py, app.py, commit.py, outbox.py, producer.py,
+ddl.py) against real etcd, TSO, two pump processes and MariaDB."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,8 @@ import pytest
 from sluice.client import ddl as ddlmod
 from sluice.client import outbox
 from sluice.client.producer import OUTBOX_LABEL, ProducerServer
-from sluice.client.transaction import AppProducer, TxnAborted
+from sluice.client.app import AppProducer
+from sluice.client.commit import TxnAborted
 from sluice.core import errors, failpoint, rowcodec
 from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
@@ -460,7 +461,8 @@ def test_outbox_dsn_parses_and_never_shows_its_password() -> None:
     assert "p@ss" not in repr(cfg) and "p%40ss" not in str(cfg)
     assert outbox.OutboxDSN.parse(cfg.url()) == cfg
     assert outbox.OutboxDSN.parse("mysql://u@h/db").table == outbox.DEFAULT_TABLE
-    assert outbox.redact("mysql://u:secret@h:1/db") == "mysql://u:***@h:1/db"
+    from sluice.core.secrets import mask_dsn   # what outbox messages mask a DSN with
+    assert mask_dsn("mysql://u:secret@h:1/db") == "mysql://u:***@h:1/db"
     for bad in ("http://u:secret@h/db", "mysql://u:secret@h/", "mysql://u:secret@h/db?table=x;y"):
         with pytest.raises(errors.ConfigError) as e:
             outbox.OutboxDSN.parse(bad)

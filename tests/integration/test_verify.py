@@ -145,17 +145,15 @@ def test_values_compare_in_the_spark_canonical_form() -> None:
     import datetime as dt
     import decimal
 
-    from sluice.capture.snapshot.keys import _column_info
+    from sluice.proto import sluice_pb2 as pb
+
     def col(data_type: str, column_type: str, **kw: object) -> object:
-        row = {"COLUMN_NAME": "c", "DATA_TYPE": data_type, "COLUMN_TYPE": column_type,
-               "IS_NULLABLE": "YES", "CHARACTER_SET_NAME": None, "NUMERIC_PRECISION": None,
-               "NUMERIC_SCALE": None, "DATETIME_PRECISION": None,
-               "CHARACTER_MAXIMUM_LENGTH": None, "GENERATION_EXPRESSION": ""}
-        row.update({k.upper(): val for k, val in kw.items()})
-        return _column_info(row)
-    cols = [col("bigint", "bigint(20) unsigned"), col("time", "time(3)", datetime_precision=3),
-            col("decimal", "decimal(12,2)", numeric_precision=12, numeric_scale=2),
-            col("datetime", "datetime(6)", datetime_precision=6)]
+        # As core.table.read_table_info describes these columns.
+        return pb.ColumnInfo(name="c", data_type=data_type, column_type=column_type,
+                             nullable=True, unsigned="unsigned" in column_type, **kw)
+    cols = [col("bigint", "bigint(20) unsigned"), col("time", "time(3)", scale=3),
+            col("decimal", "decimal(12,2)", precision=12, scale=2),
+            col("datetime", "datetime(6)", scale=6)]
     src = v.SourceValues(cols).row([18446744073709551615, dt.timedelta(hours=-1),
                                     decimal.Decimal("10.50"),
                                     dt.datetime(2024, 1, 1, 0, 0, 0, 5)])

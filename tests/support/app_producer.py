@@ -18,7 +18,7 @@ import logging
 import signal
 import sys
 
-from sluice.client.transaction import AppProducer
+from sluice.client.app import AppProducer
 
 
 def emit(**fields: object) -> None:

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from sluice.capture.snapshot.chunks import Chunk
 from sluice.capture.snapshot.emit import SNAPSHOT_SUB_SEQ
-from sluice.capture.snapshot.keys import KeySpec, TableShape
+from sluice.capture.snapshot.keys import KeySpec, SnapshotTable
 from sluice.capture.snapshot.readonly import ConsistentReadHold
+from sluice.core.table import TableShape
 from sluice.proto import sluice_pb2 as pb
 
-SHAPE = TableShape(key=KeySpec("d", "t", ("id",), "primary", True),
-                   columns=(pb.ColumnInfo(name="id", data_type="int"),), key_index=(0,))
+SHAPE = SnapshotTable(
+    shape=TableShape(pb.TableInfo(schema_name="d", table_name="t",
+                                  columns=[pb.ColumnInfo(name="id", data_type="int")]), ("id",)),
+    key=KeySpec("d", "t", ("id",), "primary", True))
 FILE = "mariadb-bin.000002"
 
 
