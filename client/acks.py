@@ -36,7 +36,7 @@ def check_commit_ts(commit_ts: int, ack: PrewriteAck) -> None:
         raise errors.FailedPrecondition(
             f"commit_ts {commit_ts} is not above the served watermark {ack.watermark} of pump(s) "
             f"{', '.join(ack.pumps)} holding the prewrite of start_ts={ack.start_ts}: the commit_ts "
-            "must be fetched after write_prewrites returns (DESIGN §2.2); roll the transaction back")
+            "must be fetched after write_prewrites returns (docs/transactions.md); roll the transaction back")
 
 
 def split_prewrite(binlog: pb.Binlog, max_size: int) -> list[bytes]:

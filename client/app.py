@@ -7,6 +7,7 @@ in client/commit.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -49,10 +50,12 @@ class AppProducer:
         if config is not None and options:
             raise errors.ConfigError(f"give AppProducer a ClientConfig or keyword options, not "
                                      f"both (got {sorted(options)})")
-        try:
-            cfg = config if config is not None else ClientConfig(**options)
-        except TypeError as e:
-            raise errors.ConfigError(f"AppProducer: {e}") from None
+        known = {f.name for f in dataclasses.fields(ClientConfig)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise errors.ConfigError(f"AppProducer: unknown option(s) {unknown}; the options are "
+                                     f"ClientConfig's fields: {sorted(known)}")
+        cfg = config if config is not None else ClientConfig(**options)
         self.config = cfg
         self.etcd_endpoints, self.cluster_id, self.producer_id = etcd_endpoints, cluster_id, producer_id
         self.dsn = outbox.OutboxDSN.parse(outbox_dsn)

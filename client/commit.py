@@ -167,7 +167,7 @@ class CommitCore:
                 raise TxnAborted(
                     f"commit_ts {commit_ts} is not above the served watermark {watermark} acked "
                     f"by pump(s) {list(ack.pumps)} holding the prewrite of start_ts={starts[0]}: "
-                    "the commit_ts must be fetched after the prewrite ack (DESIGN §2.2); "
+                    "the commit_ts must be fetched after the prewrite ack (docs/transactions.md); "
                     "transaction aborted")
             if steps.pumps_decide:
                 await self._write_commits(prewrites, commit_ts, ack, steps)
