@@ -297,7 +297,7 @@ class SparkTarget:
 
     def select(self, db: str, table: str, columns: Sequence[str], where: str,
                params: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
-        cols = ", ".join("`" + c.replace("`", "``") + "`" for c in columns)
+        cols = ", ".join(quote_ident(c) for c in columns)
         sql = f"SELECT {cols} FROM {self.view(db, table)}"
         if where:
             parts = where.split("%s")
