@@ -24,7 +24,7 @@ from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
 from sluice.core.tso_client import TSOClient
 from sluice.proto import sluice_pb2 as pb
-from sluice.pump.storage.storage import Storage, StorageOptions
+from sluice.pump.storage.storage import Storage
 
 from .admission import ProducerAdmission
 from .config import PumpConfig
@@ -127,11 +127,7 @@ class PumpServer:
         self.config = config
         self.node_id = config.resolved_node_id()
         self.addr = config.resolved_advertise()
-        s = config.storage
-        self.storage = Storage.open(config.data_dir, StorageOptions(
-            segment_size=s.segment_size, max_binlog_size=s.max_binlog_size,
-            max_inflight_bytes=s.max_inflight_bytes,
-            stop_write_at_available_space=s.stop_write_at_available_space, sync=s.sync))
+        self.storage = Storage.open(config.data_dir, config.storage)
         self.etcd = Etcd(config.etcd, config.security)
         self.registry = Registry(self.etcd, config.cluster_id)
         self.tso = TSOClient(config.tso or None, config.cluster_id, etcd=self.etcd,
