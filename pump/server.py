@@ -11,19 +11,14 @@ import argparse
 import asyncio
 import logging
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
-
-import grpc
 
 from sluice.core import config as cfg
 from sluice.core import errors, grpcutil
 from sluice.core import log as logsetup
 from sluice.core.etcd import Etcd
-from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
+from sluice.core.registry import NodeKind, Registry
 from sluice.core.tso_client import TSOClient
-from sluice.proto import sluice_pb2 as pb
 from sluice.pump.storage.storage import Storage
 
 from .admission import ProducerAdmission
@@ -31,7 +26,7 @@ from .config import PumpConfig
 from .lifecycle import Lifecycle
 from .loops import fake_binlog_loop, gc_loop, resolve_loop
 from .metrics import PumpMetrics
-from .service import PumpService, add_to_server
+from .service import LiveFeed, PumpService, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -133,57 +128,23 @@ class PumpServer:
         self.tso = TSOClient(config.tso or None, config.cluster_id, etcd=self.etcd,
                              security=config.security)
         self.admission = ProducerAdmission(self.registry)
-        self.metrics = PumpMetrics(self)
-        self.lifecycle = Lifecycle(self)
-        self.alerts: list[dict[str, object]] = []   # unresolved past txn-timeout (loops.py)
-        self.state = "starting"
-        self._subscribers: set[asyncio.Event] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.pullers = 0
+        self.metrics = PumpMetrics(self.storage)
+        self.lifecycle = Lifecycle(self.registry, self.storage, config, self.node_id, self.addr)
+        self.feed = LiveFeed(self.metrics)
         self._stop = asyncio.Event()
 
-    # -- write admission -------------------------------------------------------------------
-    def check_writable(self, payloads: list[bytes]) -> None:
-        state = self.state
-        if state == NodeState.ONLINE.value:
-            return
-        if state == "starting":
-            raise errors.Unavailable(f"pump {self.node_id} is starting: it takes writes once every "
-                                     "online drainer has been notified")
-        if state in (NodeState.PAUSED.value, NodeState.OFFLINE.value):
-            raise errors.Unavailable(f"pump {self.node_id} is {state}: it takes no writes")
-        # pausing / closing: commits and rollbacks still resolve what was prewritten here.
-        for raw in payloads:
-            b = pb.Binlog.FromString(raw) if raw else pb.Binlog()
-            if b.tp == pb.PREWRITE:
-                raise errors.Unavailable(f"pump {self.node_id} is {state}: it takes no new "
-                                         "prewrites; send them to another pump")
-
-    # -- live-follow wakeups ---------------------------------------------------------------
-    def subscribe(self, event: asyncio.Event) -> Callable[[], None]:
-        self._subscribers.add(event)
-        return lambda: self._subscribers.discard(event)
-
-    def _on_group(self, *_: object) -> None:
-        # Called from the storage committer thread after every durable group.
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        for ev in list(self._subscribers):
-            ev.set()
-
-    def pullers_changed(self, delta: int) -> None:
-        self.pullers += delta
-        self.metrics.pullers.set(self.pullers)
+    @property
+    def state(self) -> str:
+        """The node state (`starting`, then the registry states): see lifecycle.py."""
+        return self.lifecycle.state
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run_forever(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.storage.add_listener(self._on_group)
+        self.feed.attach(asyncio.get_running_loop())
+        self.storage.add_listener(self.feed.on_group)
         server = grpcutil.aio_server(self.config.security)
-        add_to_server(PumpService(self), server)
+        add_to_server(PumpService(self.storage, self.lifecycle, self.admission, self.metrics,
+                                  self.feed, self.config.cluster_id), server)
         grpcutil.add_port(server, self.config.addr, self.config.security)
         await server.start()
         self.metrics.serve(self.config.metrics_addr)
@@ -198,10 +159,13 @@ class PumpServer:
             await asyncio.to_thread(self.admission.start)
             self.storage.admission = self.admission
             await self.lifecycle.start()
+            cfg, storage, registry = self.config, self.storage, self.registry
             tasks = [asyncio.create_task(c, name=n) for n, c in (
-                ("fake-binlogs", fake_binlog_loop(self)),
-                ("resolver", resolve_loop(self)),
-                ("gc", gc_loop(self)),
+                ("fake-binlogs", fake_binlog_loop(
+                    cfg, self.tso, storage, starting=lambda: self.state == "starting",
+                    pulled=lambda: self.feed.pullers != 0)),
+                ("resolver", resolve_loop(cfg, self.node_id, registry, storage, self.metrics)),
+                ("gc", gc_loop(cfg, registry, storage)),
                 ("lifecycle", self.lifecycle.watch()),
                 ("metrics", self.metrics.loop()),
             )]
