@@ -153,35 +153,44 @@ class PumpServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        tasks = []
         try:
             # Before the first write is taken: prewrites are admitted by this view.
             await asyncio.to_thread(self.admission.start)
             self.storage.admission = self.admission
             await self.lifecycle.start()
-            cfg, storage, registry = self.config, self.storage, self.registry
-            tasks = [asyncio.create_task(c, name=n) for n, c in (
-                ("fake-binlogs", fake_binlog_loop(
-                    cfg, self.tso, storage, starting=lambda: self.state == "starting",
-                    pulled=lambda: self.feed.pullers != 0)),
-                ("resolver", resolve_loop(cfg, self.node_id, registry, storage, self.metrics)),
-                ("gc", gc_loop(cfg, registry, storage)),
-                ("lifecycle", self.lifecycle.watch()),
-                ("metrics", self.metrics.loop()),
-            )]
-            stopper = asyncio.create_task(self._stop.wait())
-            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stopper and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+            await self._run_tasks()
         finally:
             log.info("pump %s stopping", self.node_id)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             await server.stop(grace=1.0)
             await self.lifecycle.stop()
             await asyncio.to_thread(self.admission.stop)
             await self.tso.close()
             await asyncio.to_thread(self.storage.close)
             self.etcd.close()
+
+    async def _run_tasks(self) -> None:
+        """The background tasks live and die together: until SIGTERM/SIGINT, or until one fails
+        (the others are cancelled, then its exception is raised as it is)."""
+        cfg, storage, registry = self.config, self.storage, self.registry
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(c, name=n) for n, c in (
+                    ("fake-binlogs", fake_binlog_loop(
+                        cfg, self.tso, storage, starting=lambda: self.state == "starting",
+                        pulled=lambda: self.feed.pullers != 0)),
+                    ("resolver", resolve_loop(cfg, self.node_id, registry, storage,
+                                              self.metrics)),
+                    ("gc", gc_loop(cfg, registry, storage)),
+                    ("lifecycle", self.lifecycle.watch()),
+                    ("metrics", self.metrics.loop()),
+                )]
+                await self._stop.wait()
+                for t in tasks:
+                    t.cancel()
+        except BaseExceptionGroup as eg:
+            raise _first_leaf(eg) from None
+
+
+def _first_leaf(eg: BaseExceptionGroup) -> BaseException:
+    first = eg.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

@@ -43,6 +43,13 @@ class TxnRecord(NamedTuple):
     hash: bytes         # content hash of the COMMIT / ROLLBACK binlog
 
 
+class TxnOutcome(NamedTuple):
+    """A transaction's state on this pump (`GetCommit`)."""
+
+    state: int          # pb.TxnState
+    commit_ts: int      # 0 unless committed
+
+
 class RecordMeta(NamedTuple):
     """Index facts about one staged value-log record."""
 

@@ -25,7 +25,7 @@ from .committer import Committer, Kind, Req
 from .gc import GCStats
 from .options import StorageConfig, StorageOptions
 from .reader import CommitReader
-from .records import NO_PRODUCER, ProducerState
+from .records import NO_PRODUCER, ProducerState, TxnOutcome
 from .recovery import gc_apply, gc_plan, open_index, recover
 from .sorter import Sorter, UnresolvedTxn
 from .stage import MAX_PARTS, Admission, Stager
@@ -33,7 +33,7 @@ from .state import StoreState
 from .vlog import ValueLog
 
 __all__ = ["Storage", "StorageOptions", "StorageConfig", "GCStats", "UnresolvedTxn",
-           "ProducerState", "Admission", "MAX_PARTS"]
+           "ProducerState", "TxnOutcome", "Admission", "MAX_PARTS"]
 
 
 class Storage:
@@ -223,7 +223,7 @@ class Storage:
     def is_unresolved(self, start_ts: int) -> bool:
         return start_ts in self._state.sorter.pending
 
-    def get_commit(self, start_ts: int) -> tuple[int, int]:
+    def get_commit(self, start_ts: int) -> TxnOutcome:
         """(TxnState, commit_ts) of a transaction on this pump."""
         # The index is written before the sorter forgets a resolved prewrite, so checking the
         # index, then the sorter, then the index again never misses a resolution in flight.
@@ -232,10 +232,10 @@ class Storage:
             raw = state.db.get(ix.ts_key(ix.T, start_ts))
             if raw is not None:
                 txn_state, commit_ts, _ = ix.txn_val_unpack(raw)
-                return txn_state, commit_ts
+                return TxnOutcome(txn_state, commit_ts)
             if attempt == 0 and start_ts in state.sorter.pending:
-                return pb.TXN_UNKNOWN, 0
-        return pb.TXN_NOT_FOUND, 0
+                return TxnOutcome(pb.TXN_UNKNOWN, 0)
+        return TxnOutcome(pb.TXN_NOT_FOUND, 0)
 
     # -- reads ---------------------------------------------------------------------------
 
