@@ -32,7 +32,7 @@ async def fake_binlog_loop(cfg: "PumpConfig", tso: "TSOClient", storage: "Storag
                            starting: Callable[[], bool], pulled: Callable[[], bool]) -> None:
     """A fake binlog every heartbeat-interval, and every pull-heartbeat-interval while a drainer
     pulls (`pulled()`), with a fresh TSO ts: idle pumps then never hold a drainer's merge back.
-    None while `starting()`."""
+    No fake is written while `starting()`."""
     last = 0.0
     while True:
         interval = cfg.pull_heartbeat_interval if pulled() else cfg.heartbeat_interval
