@@ -7,7 +7,6 @@ alone and leaves nothing behind), persists the group once, and only then resolve
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import os
 import queue
@@ -35,7 +34,9 @@ MAX_QUEUED_REQUESTS = 1 << 16
 DISK_CHECK_INTERVAL_S = 1.0
 
 
-class Kind(enum.IntEnum):
+class Kind:
+    """What a request asks for (plain ints, not an Enum: compared on every request)."""
+
     WRITE = 0       # payloads: serialized Binlogs
     EPOCH = 1       # arg: (producer_id, epoch)
     CALL = 2        # arg: a function run on the committer thread, between groups
@@ -46,7 +47,7 @@ class Req:
     __slots__ = ("kind", "payloads", "nbytes", "loop", "fut", "arg", "from_client", "result",
                  "error")
 
-    def __init__(self, kind: Kind, payloads: list[bytes] | None = None, nbytes: int = 0,
+    def __init__(self, kind: int, payloads: list[bytes] | None = None, nbytes: int = 0,
                  loop: asyncio.AbstractEventLoop | None = None, fut: Any = None,
                  arg: Any = None, from_client: bool = False) -> None:
         self.kind, self.payloads, self.nbytes = kind, payloads, nbytes

@@ -116,7 +116,10 @@ class Stage:
         self.records.extend(req.records)
         self.crcs.extend(req.crcs)
         self.meta.extend(req.meta)
-        self.commits.extend(c._replace(record=base + c.record) for c in req.commits)
+        if base:
+            self.commits.extend(StagedCommit(s, c, p, base + i) for s, c, p, i in req.commits)
+        else:
+            self.commits.extend(req.commits)
         if req.max_ts > self.max_ts:
             self.max_ts = req.max_ts
 

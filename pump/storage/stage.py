@@ -11,7 +11,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import google_crc32c
 from google.protobuf.message import DecodeError
@@ -60,17 +60,15 @@ def content_hash(payload: bytes, crc: int) -> bytes:
     return _HASH.pack(crc, zlib.crc32(payload))
 
 
-class _Binlog:
-    """One decoded binlog being staged, with what every handler needs."""
+class _In(NamedTuple):
+    """One binlog being staged, decoded, with its checksum and content hash."""
 
-    __slots__ = ("i", "b", "payload", "crc", "h", "start_ts", "pid", "from_client")
-
-    def __init__(self, i: int, b: pb.Binlog, payload: bytes, from_client: bool) -> None:
-        self.i, self.b, self.payload, self.from_client = i, b, payload, from_client
-        self.crc = _crc32c(payload)
-        self.h = content_hash(payload, self.crc)
-        self.start_ts = b.start_ts
-        self.pid = b.producer_id
+    i: int              # its index in the request (error messages name it)
+    b: pb.Binlog
+    payload: bytes
+    crc: int
+    h: bytes
+    from_client: bool
 
 
 class Stager:
@@ -124,8 +122,7 @@ class Stager:
             b = pb.Binlog.FromString(payload)
         except DecodeError as e:
             raise InvalidArgument(f"binlog {i}: malformed Binlog payload: {e}") from None
-        x = _Binlog(i, b, payload, from_client)
-        pid = x.pid
+        pid = b.producer_id
         if pid:
             rec = self.producer(st, grp, pid)
             if b.producer_epoch < rec.epoch:
@@ -133,17 +130,19 @@ class Stager:
                                  f"recorded epoch {rec.epoch}")
             if b.producer_epoch > rec.epoch:
                 st.producers[pid] = rec._replace(epoch=b.producer_epoch)
-        if x.start_ts <= 0:
-            raise InvalidArgument(f"binlog {i}: start_ts {x.start_ts} must be > 0")
+        if b.start_ts <= 0:
+            raise InvalidArgument(f"binlog {i}: start_ts {b.start_ts} must be > 0")
         handler = _HANDLERS.get(b.tp)
         if handler is None:
             raise InvalidArgument(f"binlog {i}: unknown binlog type {b.tp}")
-        handler(self, st, grp, x)
+        crc = _crc32c(payload)
+        handler(self, st, grp, _In(i, b, payload, crc, content_hash(payload, crc), from_client))
 
     # -- one handler per binlog type -----------------------------------------------------
 
-    def _prewrite(self, st: Stage, grp: Stage, x: _Binlog) -> None:
-        b, i, start_ts = x.b, x.i, x.start_ts
+    def _prewrite(self, st: Stage, grp: Stage, x: _In) -> None:
+        b, i = x.b, x.i
+        start_ts, pid = b.start_ts, b.producer_id
         part_count = b.part_count or 1
         part_no = b.part_no
         if part_no >= part_count:
@@ -171,12 +170,12 @@ class Stager:
         adm = self.admission
         if p is None:
             if adm is not None:
-                _admit(adm, i, start_ts, x.pid)
+                _admit(adm, i, start_ts, pid)
                 if part_count == 1:
                     _admit_value(adm, i, start_ts, b.prewrite_value)
             # A multi-part prewrite's schema is found once all its parts are there (commit).
             tables = schema_tables(b.prewrite_value) if part_count == 1 else ()
-            p = Pending(start_ts, part_count, 0, x.pid, time.monotonic(), frozenset(), tables)
+            p = Pending(start_ts, part_count, 0, pid, time.monotonic(), frozenset(), tables)
         else:
             check_part(p, start_ts, part_no, part_count)
         p = p.with_part(part_no)
@@ -193,8 +192,9 @@ class Stager:
                     f"binlog {i}: prewrite start_ts={start_ts}: prewrite_value of its "
                     f"{part_count} parts joined is not a valid PrewriteValue: {e}") from None
 
-    def _commit(self, st: Stage, grp: Stage, x: _Binlog) -> None:
-        b, i, start_ts = x.b, x.i, x.start_ts
+    def _commit(self, st: Stage, grp: Stage, x: _In) -> None:
+        b, i = x.b, x.i
+        start_ts = b.start_ts
         commit_ts = b.commit_ts
         if commit_ts <= start_ts:
             raise InvalidArgument(f"binlog {i}: commit_ts {commit_ts} <= start_ts {start_ts}")
@@ -224,7 +224,7 @@ class Stager:
         st.commits.append(StagedCommit(start_ts, commit_ts, p, len(st.records)))
         if commit_ts > st.max_ts:
             st.max_ts = commit_ts
-        pid = x.pid
+        pid = b.producer_id
         if pid and (b.HasField("position") or b.HasField("snapshot")):
             rec = self.producer(st, grp, pid)
             st.producers[pid] = ProducerRecord(
@@ -233,8 +233,8 @@ class Stager:
                 b.snapshot.SerializeToString() if b.HasField("snapshot") else rec.snapshot)
         st.add(x.payload, x.crc, RecordMeta(key, x.h, start_ts, commit_ts, 0))
 
-    def _rollback(self, st: Stage, grp: Stage, x: _Binlog) -> None:
-        i, start_ts = x.i, x.start_ts
+    def _rollback(self, st: Stage, grp: Stage, x: _In) -> None:
+        i, start_ts = x.i, x.b.start_ts
         key = ix.entry_key_pack(ix.S, start_ts, _ROLLBACK, 0)
         p = self._pending(st, grp, start_ts)
         if p is None:
@@ -250,8 +250,8 @@ class Stager:
         st.txn[start_ts] = TxnRecord(_ROLLED_BACK, 0, x.h)
         st.add(x.payload, x.crc, RecordMeta(key, x.h, 0, start_ts, 0))
 
-    def _fake(self, st: Stage, grp: Stage, x: _Binlog) -> None:
-        i, start_ts = x.i, x.start_ts
+    def _fake(self, st: Stage, grp: Stage, x: _In) -> None:
+        i, start_ts = x.i, x.b.start_ts
         if x.from_client:
             raise InvalidArgument(f"binlog {i}: fake binlogs are written by the pump itself "
                                   "(heartbeats at fresh TSO timestamps), not by clients")
@@ -293,7 +293,7 @@ class Stager:
         return parts
 
 
-_Handler = Callable[[Stager, Stage, Stage, _Binlog], None]
+_Handler = Callable[[Stager, Stage, Stage, _In], None]
 _HANDLERS: dict[int, _Handler] = {
     _PREWRITE: Stager._prewrite,
     _COMMIT: Stager._commit,
