@@ -7,14 +7,9 @@ from sluice.core.errors import ConfigError
 from sluice.core.etcd import check_endpoints
 from sluice.core.tls import SecurityConfig
 
+from .storage.options import StorageConfig
 
-@dataclass
-class StorageConfig:
-    segment_size: int = 512 << 20
-    max_binlog_size: int = 64 << 20
-    max_inflight_bytes: int = 256 << 20
-    stop_write_at_available_space: int = 10 << 30
-    sync: bool = True
+__all__ = ["PumpConfig", "StorageConfig"]
 
 
 @dataclass

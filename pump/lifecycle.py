@@ -14,12 +14,15 @@ import time
 from typing import TYPE_CHECKING
 
 from sluice.core import errors, grpcutil
-from sluice.core.registry import NodeKind, NodeState, NodeStatus
+from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 
 if TYPE_CHECKING:
-    from .server import PumpServer
+    from sluice.core.registry import Heartbeat
+
+    from .config import PumpConfig
+    from .storage.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -29,41 +32,67 @@ NOTIFY_TIMEOUT_S = 5.0
 
 
 class Lifecycle:
-    def __init__(self, server: "PumpServer") -> None:
-        self.server = server
-        self.registry = server.registry
-        self.node_id = server.node_id
-        self.heartbeat = None
+    """Owns the pump's node state (`state`) and who may write in it (`check_writable`)."""
+
+    def __init__(self, registry: Registry, storage: "Storage", config: "PumpConfig",
+                 node_id: str, addr: str) -> None:
+        self.registry = registry
+        self.storage = storage
+        self.config = config
+        self.node_id = node_id
+        self.addr = addr
+        self.state = "starting"
+        self.heartbeat: Heartbeat | None = None
+
+    def check_writable(self, payloads: list[bytes]) -> None:
+        """Refuse (UNAVAILABLE) what this node state takes no writes of."""
+        state = self.state
+        if state == NodeState.ONLINE.value:
+            return
+        if state == "starting":
+            raise errors.Unavailable(f"pump {self.node_id} is starting: it takes writes once every "
+                                     "online drainer has been notified")
+        if state in (NodeState.PAUSED.value, NodeState.OFFLINE.value):
+            raise errors.Unavailable(f"pump {self.node_id} is {state}: it takes no writes")
+        # pausing / closing: commits and rollbacks still resolve what was prewritten here.
+        for raw in payloads:
+            b = pb.Binlog.FromString(raw) if raw else pb.Binlog()
+            if b.tp == pb.PREWRITE:
+                raise errors.Unavailable(f"pump {self.node_id} is {state}: it takes no new "
+                                         "prewrites; send them to another pump")
 
     async def start(self) -> None:
-        s = self.server
         info = await asyncio.to_thread(self.registry.get, NodeKind.PUMP, self.node_id)
         if info is not None and info.status.state == NodeState.OFFLINE.value:
             raise errors.ConfigError(
                 f"pump {self.node_id} is offline in the registry: an offline pump never comes "
                 "back; start it with a new node-id (or a new data-dir)")
-        status = NodeStatus(node_id=self.node_id, kind=NodeKind.PUMP, addr=s.addr,
+        status = NodeStatus(node_id=self.node_id, kind=NodeKind.PUMP, addr=self.addr,
                             state=NodeState.ONLINE,
-                            max_commit_ts=s.storage.served_watermark, score=s.config.score,
+                            max_commit_ts=self.storage.served_watermark,
+                            score=self.config.score,
                             update_ts=int(time.time()))
         if info is None:
             await asyncio.to_thread(self.registry.register, status)
         elif info.status.state in (NodeState.PAUSING, NodeState.CLOSING):
             # Restarted while draining: keep draining (commits and rollbacks only), never online.
-            self.heartbeat = self.registry.heartbeat(NodeKind.PUMP, self.node_id, s.config.alive_ttl)
+            self.heartbeat = self.registry.heartbeat(NodeKind.PUMP, self.node_id,
+                                                     self.config.alive_ttl)
             await asyncio.to_thread(self.heartbeat.start)
-            s.state = info.status.state.value
-            log.info("pump %s restarted while %s: resolving what is left", self.node_id, s.state)
+            self.state = info.status.state.value
+            log.info("pump %s restarted while %s: resolving what is left", self.node_id,
+                     self.state)
             return
         else:
             def to_online(old: NodeStatus) -> NodeStatus:
-                return _replace(old, addr=s.addr, state=NodeState.ONLINE,
-                                score=s.config.score, update_ts=int(time.time()))
+                return _replace(old, addr=self.addr, state=NodeState.ONLINE,
+                                score=self.config.score, update_ts=int(time.time()))
             await asyncio.to_thread(self.registry.update, NodeKind.PUMP, self.node_id, to_online)
-        self.heartbeat = self.registry.heartbeat(NodeKind.PUMP, self.node_id, s.config.alive_ttl)
+        self.heartbeat = self.registry.heartbeat(NodeKind.PUMP, self.node_id,
+                                                 self.config.alive_ttl)
         await asyncio.to_thread(self.heartbeat.start)
         await self.notify_drainers()
-        s.state = NodeState.ONLINE.value
+        self.state = NodeState.ONLINE.value
         log.info("pump %s online: accepting writes", self.node_id)
 
     async def notify_drainers(self) -> None:
@@ -96,11 +125,11 @@ class Lifecycle:
             await asyncio.sleep(0.5)
 
     async def _notify(self, addr: str) -> None:
-        channel = grpcutil.aio_channel(addr, self.server.config.security)
+        channel = grpcutil.aio_channel(addr, self.config.security)
         try:
             stub = pbg.CisternStub(channel)
-            await stub.Notify(pb.NotifyReq(cluster_id=self.server.config.cluster_id,
-                                           pump_id=self.node_id, pump_addr=self.server.addr),
+            await stub.Notify(pb.NotifyReq(cluster_id=self.config.cluster_id,
+                                           pump_id=self.node_id, pump_addr=self.addr),
                               timeout=NOTIFY_TIMEOUT_S)
         except Exception as e:  # noqa: BLE001 - grpc errors become SluiceErrors
             import grpc
@@ -112,7 +141,6 @@ class Lifecycle:
 
     async def watch(self) -> None:
         """Follow our own status key: act on pausing/closing/online set by `sluice ctl`."""
-        s = self.server
         last_publish = 0.0
         while True:
             await asyncio.sleep(STATUS_POLL_S)
@@ -125,9 +153,9 @@ class Lifecycle:
                 continue
             want = info.status.state
             if want in (NodeState.PAUSING.value, NodeState.CLOSING.value):
-                s.state = want
-                if not s.storage.unresolved():
-                    final = s.storage.served_watermark
+                self.state = want
+                if not self.storage.unresolved():
+                    final = self.storage.served_watermark
                     done = (NodeState.PAUSED if want == NodeState.PAUSING.value
                             else NodeState.OFFLINE)
 
@@ -135,18 +163,18 @@ class Lifecycle:
                         return _replace(old, state=done, max_commit_ts=final,
                                         update_ts=int(time.time()))
                     await asyncio.to_thread(self.registry.update, NodeKind.PUMP, self.node_id, finish)
-                    s.state = done.value
+                    self.state = done.value
                     log.info("pump %s %s; final ts %d", self.node_id, done, final)
-            elif want == NodeState.ONLINE.value and s.state in (NodeState.PAUSED.value,
+            elif want == NodeState.ONLINE.value and self.state in (NodeState.PAUSED.value,
                                                                NodeState.PAUSING.value):
                 await self.notify_drainers()
-                s.state = NodeState.ONLINE.value
+                self.state = NodeState.ONLINE.value
                 log.info("pump %s resumed: accepting writes", self.node_id)
             elif want in (NodeState.PAUSED.value, NodeState.OFFLINE.value):
-                s.state = want
-            if s.state == NodeState.ONLINE.value and time.monotonic() - last_publish > PUBLISH_EVERY_S:
+                self.state = want
+            if self.state == NodeState.ONLINE.value and time.monotonic() - last_publish > PUBLISH_EVERY_S:
                 last_publish = time.monotonic()
-                wm = s.storage.served_watermark
+                wm = self.storage.served_watermark
 
                 def publish(old: NodeStatus, wm: int = wm) -> NodeStatus:
                     if old.state != NodeState.ONLINE.value:

@@ -9,12 +9,12 @@ from sluice.core import ts
 from sluice.core.metrics import Metrics
 
 if TYPE_CHECKING:
-    from .server import PumpServer
+    from .storage.storage import Storage
 
 
 class PumpMetrics:
-    def __init__(self, server: "PumpServer") -> None:
-        self.server = server
+    def __init__(self, storage: "Storage") -> None:
+        self.storage = storage
         m = self.m = Metrics("sluice_pump")
         self.binlogs = m.counter("binlogs_written_total", "binlogs acknowledged")
         self.bytes = m.counter("bytes_written_total", "payload bytes acknowledged")
@@ -54,8 +54,8 @@ class PumpMetrics:
 
     async def loop(self) -> None:
         while True:
-            st = self.server.storage.stats()
-            wm = self.server.storage.served_watermark
+            st = self.storage.stats()
+            wm = self.storage.served_watermark
             self.unresolved.set(st.get("unresolved", 0))
             self.watermark.set(wm)
             self.watermark_lag.set(ts.lag_seconds(wm))

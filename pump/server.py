@@ -11,27 +11,22 @@ import argparse
 import asyncio
 import logging
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
-
-import grpc
 
 from sluice.core import config as cfg
 from sluice.core import errors, grpcutil
 from sluice.core import log as logsetup
 from sluice.core.etcd import Etcd
-from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
+from sluice.core.registry import NodeKind, Registry
 from sluice.core.tso_client import TSOClient
-from sluice.proto import sluice_pb2 as pb
-from sluice.pump.storage.storage import Storage, StorageOptions
+from sluice.pump.storage.storage import Storage
 
 from .admission import ProducerAdmission
 from .config import PumpConfig
 from .lifecycle import Lifecycle
 from .loops import fake_binlog_loop, gc_loop, resolve_loop
 from .metrics import PumpMetrics
-from .service import PumpService, add_to_server
+from .service import LiveFeed, PumpService, add_to_server
 
 log = logging.getLogger(__name__)
 
@@ -127,67 +122,29 @@ class PumpServer:
         self.config = config
         self.node_id = config.resolved_node_id()
         self.addr = config.resolved_advertise()
-        s = config.storage
-        self.storage = Storage.open(config.data_dir, StorageOptions(
-            segment_size=s.segment_size, max_binlog_size=s.max_binlog_size,
-            max_inflight_bytes=s.max_inflight_bytes,
-            stop_write_at_available_space=s.stop_write_at_available_space, sync=s.sync))
+        self.storage = Storage.open(config.data_dir, config.storage)
         self.etcd = Etcd(config.etcd, config.security)
         self.registry = Registry(self.etcd, config.cluster_id)
         self.tso = TSOClient(config.tso or None, config.cluster_id, etcd=self.etcd,
                              security=config.security)
         self.admission = ProducerAdmission(self.registry)
-        self.metrics = PumpMetrics(self)
-        self.lifecycle = Lifecycle(self)
-        self.alerts: list[dict[str, object]] = []   # unresolved past txn-timeout (loops.py)
-        self.state = "starting"
-        self._subscribers: set[asyncio.Event] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.pullers = 0
+        self.metrics = PumpMetrics(self.storage)
+        self.lifecycle = Lifecycle(self.registry, self.storage, config, self.node_id, self.addr)
+        self.feed = LiveFeed(self.metrics)
         self._stop = asyncio.Event()
 
-    # -- write admission -------------------------------------------------------------------
-    def check_writable(self, payloads: list[bytes]) -> None:
-        state = self.state
-        if state == NodeState.ONLINE.value:
-            return
-        if state == "starting":
-            raise errors.Unavailable(f"pump {self.node_id} is starting: it takes writes once every "
-                                     "online drainer has been notified")
-        if state in (NodeState.PAUSED.value, NodeState.OFFLINE.value):
-            raise errors.Unavailable(f"pump {self.node_id} is {state}: it takes no writes")
-        # pausing / closing: commits and rollbacks still resolve what was prewritten here.
-        for raw in payloads:
-            b = pb.Binlog.FromString(raw) if raw else pb.Binlog()
-            if b.tp == pb.PREWRITE:
-                raise errors.Unavailable(f"pump {self.node_id} is {state}: it takes no new "
-                                         "prewrites; send them to another pump")
-
-    # -- live-follow wakeups ---------------------------------------------------------------
-    def subscribe(self, event: asyncio.Event) -> Callable[[], None]:
-        self._subscribers.add(event)
-        return lambda: self._subscribers.discard(event)
-
-    def _on_group(self, *_: object) -> None:
-        # Called from the storage committer thread after every durable group.
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        for ev in list(self._subscribers):
-            ev.set()
-
-    def pullers_changed(self, delta: int) -> None:
-        self.pullers += delta
-        self.metrics.pullers.set(self.pullers)
+    @property
+    def state(self) -> str:
+        """The node state (`starting`, then the registry states): see lifecycle.py."""
+        return self.lifecycle.state
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run_forever(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self.storage.add_listener(self._on_group)
+        self.feed.attach(asyncio.get_running_loop())
+        self.storage.add_listener(self.feed.on_group)
         server = grpcutil.aio_server(self.config.security)
-        add_to_server(PumpService(self), server)
+        add_to_server(PumpService(self.storage, self.lifecycle, self.admission, self.metrics,
+                                  self.feed, self.config.cluster_id), server)
         grpcutil.add_port(server, self.config.addr, self.config.security)
         await server.start()
         self.metrics.serve(self.config.metrics_addr)
@@ -196,32 +153,44 @@ class PumpServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        tasks = []
         try:
             # Before the first write is taken: prewrites are admitted by this view.
             await asyncio.to_thread(self.admission.start)
             self.storage.admission = self.admission
             await self.lifecycle.start()
-            tasks = [asyncio.create_task(c, name=n) for n, c in (
-                ("fake-binlogs", fake_binlog_loop(self)),
-                ("resolver", resolve_loop(self)),
-                ("gc", gc_loop(self)),
-                ("lifecycle", self.lifecycle.watch()),
-                ("metrics", self.metrics.loop()),
-            )]
-            stopper = asyncio.create_task(self._stop.wait())
-            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stopper and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+            await self._run_tasks()
         finally:
             log.info("pump %s stopping", self.node_id)
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
             await server.stop(grace=1.0)
             await self.lifecycle.stop()
             await asyncio.to_thread(self.admission.stop)
             await self.tso.close()
             await asyncio.to_thread(self.storage.close)
             self.etcd.close()
+
+    async def _run_tasks(self) -> None:
+        """The background tasks live and die together: until SIGTERM/SIGINT, or until one fails
+        (the others are cancelled, then its exception is raised as it is)."""
+        cfg, storage, registry = self.config, self.storage, self.registry
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(c, name=n) for n, c in (
+                    ("fake-binlogs", fake_binlog_loop(
+                        cfg, self.tso, storage, starting=lambda: self.state == "starting",
+                        pulled=lambda: self.feed.pullers != 0)),
+                    ("resolver", resolve_loop(cfg, self.node_id, registry, storage,
+                                              self.metrics)),
+                    ("gc", gc_loop(cfg, registry, storage)),
+                    ("lifecycle", self.lifecycle.watch()),
+                    ("metrics", self.metrics.loop()),
+                )]
+                await self._stop.wait()
+                for t in tasks:
+                    t.cancel()
+        except BaseExceptionGroup as eg:
+            raise _first_leaf(eg) from None
+
+
+def _first_leaf(eg: BaseExceptionGroup) -> BaseException:
+    first = eg.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

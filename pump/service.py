@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import grpc
@@ -20,7 +20,10 @@ from sluice.proto import sluice_pb2_grpc as pbg
 from sluice.pump.storage.reader import varint
 
 if TYPE_CHECKING:
-    from .server import PumpServer
+    from .admission import ProducerAdmission
+    from .lifecycle import Lifecycle
+    from .metrics import PumpMetrics
+    from .storage.storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -31,15 +34,51 @@ PULL_MESSAGE_BYTES = 2 << 20   # payload bytes per PullBinlogs response (about)
 PULL_FIRST_MESSAGE_BYTES = 128 << 10
 
 
+class LiveFeed:
+    """Wakes PullBinlogs streams after every durable group and counts them (the fake-binlog loop
+    beats faster while a drainer pulls)."""
+
+    def __init__(self, metrics: "PumpMetrics") -> None:
+        self.metrics = metrics
+        self.pullers = 0
+        self._subscribers: set[asyncio.Event] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def subscribe(self, event: asyncio.Event) -> Callable[[], None]:
+        self._subscribers.add(event)
+        return lambda: self._subscribers.discard(event)
+
+    def on_group(self, *_: object) -> None:
+        """A storage listener: runs on the committer thread after every durable group."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        for ev in list(self._subscribers):
+            ev.set()
+
+    def pullers_changed(self, delta: int) -> None:
+        self.pullers += delta
+        self.metrics.pullers.set(self.pullers)
+
+
 class PumpService(pbg.PumpServicer):
-    def __init__(self, server: "PumpServer") -> None:
-        self.server = server
-        self.storage = server.storage
-        self.cluster_id = server.config.cluster_id
+    def __init__(self, storage: "Storage", node: "Lifecycle", admission: "ProducerAdmission",
+                 metrics: "PumpMetrics", feed: LiveFeed, cluster_id: int) -> None:
+        self.storage = storage
+        self.node = node            # node id, node state, and who may write in it
+        self.admission = admission
+        self.metrics = metrics
+        self.feed = feed
+        self.cluster_id = cluster_id
 
     # -- writes ----------------------------------------------------------------------------
     async def _write(self, payloads: list[bytes]) -> int:
-        self.server.check_writable(payloads)
+        self.node.check_writable(payloads)
         await failpoint.ainject("pump-before-write")
         refreshed: set[str] = set()
         while True:
@@ -50,10 +89,10 @@ class PumpService(pbg.PumpServicer):
                 # The registry watch may not have delivered a producer that registered a
                 # moment ago: read it once from etcd, then try again (nothing was stored).
                 if e.producer_id in refreshed or not await asyncio.to_thread(
-                        self.server.admission.refresh, e.producer_id):
+                        self.admission.refresh, e.producer_id):
                     raise
                 refreshed.add(e.producer_id)
-        self.server.metrics.on_write(payloads)
+        self.metrics.on_write(payloads)
         return wm
 
     @handle_errors
@@ -62,7 +101,7 @@ class PumpService(pbg.PumpServicer):
         check_cluster(request, self.cluster_id)
         if not request.payload:
             # An empty write is the client's probe: it answers whether we take writes.
-            self.server.check_writable([])
+            self.node.check_writable([])
             return pb.WriteBinlogResp(served_watermark=self.storage.served_watermark)
         return pb.WriteBinlogResp(served_watermark=await self._write([request.payload]))
 
@@ -72,7 +111,7 @@ class PumpService(pbg.PumpServicer):
         check_cluster(request, self.cluster_id)
         payloads = list(request.payloads)
         if not payloads:
-            self.server.check_writable([])
+            self.node.check_writable([])
             return pb.WriteBinlogsResp(served_watermark=self.storage.served_watermark)
         return pb.WriteBinlogsResp(served_watermark=await self._write(payloads))
 
@@ -93,8 +132,8 @@ class PumpService(pbg.PumpServicer):
                 "needs were garbage-collected (raise gc-retention, or restart the consumer from "
                 "a newer checkpoint)")
         changed = asyncio.Event()
-        unsubscribe = self.server.subscribe(changed)
-        self.server.pullers_changed(+1)
+        unsubscribe = self.feed.subscribe(changed)
+        self.feed.pullers_changed(+1)
         reader = None
         try:
             if request.with_schema:
@@ -129,7 +168,7 @@ class PumpService(pbg.PumpServicer):
             if reader is not None:
                 reader.close()
             unsubscribe()
-            self.server.pullers_changed(-1)
+            self.feed.pullers_changed(-1)
 
     # -- producers and admin ---------------------------------------------------------------
     @handle_errors
@@ -181,7 +220,7 @@ class PumpService(pbg.PumpServicer):
         check_cluster(request, self.cluster_id)
         st = self.storage.stats()
         return pb.PumpStatusResp(
-            node_id=self.server.node_id, state=self.server.state,
+            node_id=self.node.node_id, state=self.node.state,
             served_watermark=self.storage.served_watermark,
             max_commit_ts=self.storage.max_commit_ts,
             unresolved=int(st.get("unresolved", 0)), storage_bytes=int(st.get("storage_bytes", 0)),

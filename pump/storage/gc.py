@@ -2,16 +2,8 @@
 
 Invariant: a segment is deleted only when every record in it has ts <= safe ts and every prewrite
 in it was committed or rolled back at <= safe ts; the active segment and the segments holding a
-pinned schema-bearing transaction are never deleted.
-
-Schema pins: for every table, the latest schema-bearing transaction with commit_ts <= safe ts and
-every later one stay pinned, so a reader resuming at any commit_ts >= the GC ts can be given the
-table's schema as it was at that point (the PullBinlogs schema preamble). Older pins of the
-table are dropped: no reader at or above the GC ts needs them.
-
-`plan` is pure; `scan` lists the index keys that point into the chosen segments. The storage
-facade runs the plan and the final delete in its committer thread (ordered with writes) and the
-index scan in a worker thread.
+pinned schema-bearing transaction are never deleted (schema pins: docs/storage.md, "GC").
+`plan` is pure; `scan` lists the index keys pointing into the chosen segments.
 """
 from __future__ import annotations
 

@@ -1,0 +1,321 @@
+"""Validation of one request against the stored state plus the earlier requests of its group.
+
+`Stager.stage` decodes a binlog and hands it to the handler of its type (`_HANDLERS`); a handler
+raises (nothing staged) or adds the records and index facts to the request's `Stage`. Runs on the
+committer thread only: it reads the index and memory, and writes nothing.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+import google_crc32c
+from google.protobuf.message import DecodeError
+
+from sluice.core.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, SluiceError,
+                                StaleEpoch, UnknownProducer)
+from sluice.proto import sluice_pb2 as pb
+
+from . import index as ix
+from .records import NO_PRODUCER, ProducerRecord, RecordMeta, Stage, StagedCommit, TxnRecord
+from .schema import multipart_schema_tables, schema_tables
+from .sorter import Pending, check_commit, check_part
+from .state import StoreState
+from .valuecheck import check_multipart_value
+from .vlog import HEADER_SIZE
+
+# A multi-part prewrite of more parts than this (64 MiB parts: 4 TiB) is not a transaction but a
+# part bitmap that would cost memory: refused.
+MAX_PARTS = 1 << 16
+
+_PREWRITE, _COMMIT, _ROLLBACK, _FAKE = pb.PREWRITE, pb.COMMIT, pb.ROLLBACK, pb.FAKE
+_COMMITTED, _ROLLED_BACK = pb.TXN_COMMITTED, pb.TXN_ROLLED_BACK
+_HASH = struct.Struct(">II")
+_crc32c = google_crc32c.value
+
+# (read(offset, n), length) of one part's serialized Binlog
+PartReader = tuple[Callable[[int, int], bytes], int]
+
+
+class Admission(Protocol):
+    """The pump's admission rules for new prewrites (pump/admission.py), checked on the
+    committer thread: in-memory only. A storage without one stores any well-formed binlog."""
+
+    def check(self, producer_id: str) -> None:
+        """Raise (InvalidArgument) unless prewrites of this producer can be resolved later."""
+
+    def check_value(self, value: bytes) -> None:
+        """Raise (InvalidArgument) unless a whole prewrite value decodes."""
+
+
+def content_hash(payload: bytes, crc: int) -> bytes:
+    """Content identity for idempotent retries: CRC32C (also the record checksum) and zlib's
+    CRC-32 side by side, 64 bits. It only ever compares two binlogs under the same key, where a
+    collision needs a retry with different content that matches both; a cryptographic hash
+    would cost more than the rest of the write path."""
+    return _HASH.pack(crc, zlib.crc32(payload))
+
+
+class _In(NamedTuple):
+    """One binlog being staged, decoded, with its checksum and content hash."""
+
+    i: int              # its index in the request (error messages name it)
+    b: pb.Binlog
+    payload: bytes
+    crc: int
+    h: bytes
+    from_client: bool
+
+
+class Stager:
+    def __init__(self, state: StoreState) -> None:
+        self.state = state
+        # Set by the pump server before it takes writes (see Admission).
+        self.admission: Admission | None = None
+
+    # -- lookups: this request, then its group, then what is stored ----------------------
+
+    def producer(self, st: Stage, grp: Stage, pid: str) -> ProducerRecord:
+        rec = st.producers.get(pid) or grp.producers.get(pid) or self.state.producers.get(pid)
+        return rec if rec is not None else NO_PRODUCER
+
+    def _key_hash(self, st: Stage, grp: Stage, key: bytes) -> bytes | None:
+        h = st.keys.get(key) or grp.keys.get(key)
+        if h is not None:
+            return h
+        raw = self.state.db.get(key)
+        return None if raw is None else ix.entry_val_unpack(raw)[3]
+
+    def _pending(self, st: Stage, grp: Stage, start_ts: int) -> Pending | None:
+        if start_ts in st.pending:
+            return st.pending[start_ts]
+        if start_ts in grp.pending:
+            return grp.pending[start_ts]
+        return self.state.sorter.pending.get(start_ts)
+
+    def _txn(self, st: Stage, grp: Stage, start_ts: int) -> TxnRecord | None:
+        t = st.txn.get(start_ts) or grp.txn.get(start_ts)
+        if t is not None:
+            return t
+        raw = self.state.db.get(ix.ts_key(ix.T, start_ts))
+        return None if raw is None else TxnRecord(*ix.txn_val_unpack(raw))
+
+    # -- requests ------------------------------------------------------------------------
+
+    def stage_epoch(self, st: Stage, grp: Stage, pid: str, epoch: int) -> ProducerRecord:
+        rec = self.producer(st, grp, pid)
+        if epoch < rec.epoch:
+            raise StaleEpoch(f"producer {pid}: epoch {epoch} < recorded epoch {rec.epoch}")
+        if epoch > rec.epoch:
+            rec = rec._replace(epoch=epoch)
+            st.producers[pid] = rec
+        return rec
+
+    def stage(self, st: Stage, grp: Stage, i: int, payload: bytes,
+              from_client: bool = False) -> None:
+        """Validate binlog `i` of a request and stage it into `st` (raises: nothing staged)."""
+        try:
+            b = pb.Binlog.FromString(payload)
+        except DecodeError as e:
+            raise InvalidArgument(f"binlog {i}: malformed Binlog payload: {e}") from None
+        pid = b.producer_id
+        if pid:
+            rec = self.producer(st, grp, pid)
+            if b.producer_epoch < rec.epoch:
+                raise StaleEpoch(f"binlog {i}: producer {pid} epoch {b.producer_epoch} < "
+                                 f"recorded epoch {rec.epoch}")
+            if b.producer_epoch > rec.epoch:
+                st.producers[pid] = rec._replace(epoch=b.producer_epoch)
+        if b.start_ts <= 0:
+            raise InvalidArgument(f"binlog {i}: start_ts {b.start_ts} must be > 0")
+        handler = _HANDLERS.get(b.tp)
+        if handler is None:
+            raise InvalidArgument(f"binlog {i}: unknown binlog type {b.tp}")
+        crc = _crc32c(payload)
+        handler(self, st, grp, _In(i, b, payload, crc, content_hash(payload, crc), from_client))
+
+    # -- one handler per binlog type -----------------------------------------------------
+
+    def _prewrite(self, st: Stage, grp: Stage, x: _In) -> None:
+        b, i = x.b, x.i
+        start_ts, pid = b.start_ts, b.producer_id
+        part_count = b.part_count or 1
+        part_no = b.part_no
+        if part_no >= part_count:
+            raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: part_no "
+                                  f"{part_no} >= part_count {part_count}")
+        if part_count > MAX_PARTS:
+            raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: part_count "
+                                  f"{part_count} > {MAX_PARTS}")
+        key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
+        p = self._pending(st, grp, start_ts)
+        if p is None or p.parts >> part_no & 1:
+            old = self._key_hash(st, grp, key)
+            if old is not None:
+                if old == x.h:
+                    return
+                raise AlreadyExists(f"binlog {i}: a different prewrite (part {part_no}) is "
+                                    f"already stored under start_ts={start_ts}")
+        if p is None:
+            t = self._txn(st, grp, start_ts)
+            if t is not None:
+                raise AlreadyExists(
+                    f"binlog {i}: start_ts={start_ts} is already "
+                    f"{'committed' if t.state == _COMMITTED else 'rolled back'}; a new prewrite "
+                    "part cannot be added")
+        adm = self.admission
+        if p is None:
+            if adm is not None:
+                _admit(adm, i, start_ts, pid)
+                if part_count == 1:
+                    _admit_value(adm, i, start_ts, b.prewrite_value)
+            # A multi-part prewrite's schema is found once all its parts are there (commit).
+            tables = schema_tables(b.prewrite_value) if part_count == 1 else ()
+            p = Pending(start_ts, part_count, 0, pid, time.monotonic(), frozenset(), tables)
+        else:
+            check_part(p, start_ts, part_no, part_count)
+        p = p.with_part(part_no)
+        st.pending[start_ts] = p
+        st.add(x.payload, x.crc, RecordMeta(key, x.h, 0, start_ts, start_ts))
+        if adm is not None and part_count > 1 and p.complete:
+            # The parts add up only now: the whole value must decode before the last part
+            # is acknowledged (the commit could never be read otherwise). Streamed over the
+            # stored parts: memory stays bounded whatever the transaction's size.
+            try:
+                check_multipart_value(self.multipart_parts(st, grp, start_ts, part_count))
+            except (ValueError, IndexError, DecodeError, OSError) as e:
+                raise InvalidArgument(
+                    f"binlog {i}: prewrite start_ts={start_ts}: prewrite_value of its "
+                    f"{part_count} parts joined is not a valid PrewriteValue: {e}") from None
+
+    def _commit(self, st: Stage, grp: Stage, x: _In) -> None:
+        b, i = x.b, x.i
+        start_ts = b.start_ts
+        commit_ts = b.commit_ts
+        if commit_ts <= start_ts:
+            raise InvalidArgument(f"binlog {i}: commit_ts {commit_ts} <= start_ts {start_ts}")
+        key = ix.entry_key_pack(ix.E, commit_ts, _COMMIT, 0)
+        p = self._pending(st, grp, start_ts)
+        if p is None:
+            t = self._txn(st, grp, start_ts)
+            if t is not None:
+                if t.state == _COMMITTED and t.commit_ts == commit_ts:
+                    return  # the same decision again (a retry, or the pump's own resolve)
+                raise AlreadyExists(
+                    f"binlog {i}: start_ts={start_ts} is already "
+                    + (f"committed with commit_ts={t.commit_ts}" if t.state == _COMMITTED
+                       else "rolled back"))
+        # Only a ts at or below the highest one stored can collide: skip the lookup otherwise.
+        if commit_ts <= max(self.state.sorter.max_ts, grp.max_ts, st.max_ts) and \
+                self._key_hash(st, grp, key) is not None:
+            raise AlreadyExists(f"binlog {i}: commit_ts {commit_ts} is already used by "
+                                "another transaction")
+        check_commit(p, start_ts, commit_ts, self.state.served)
+        assert p is not None
+        if p.part_count > 1:
+            p = p._replace(tables=multipart_schema_tables(
+                self.multipart_parts(st, grp, start_ts, p.part_count)))
+        st.pending[start_ts] = None
+        st.txn[start_ts] = TxnRecord(_COMMITTED, commit_ts, x.h)
+        st.commits.append(StagedCommit(start_ts, commit_ts, p, len(st.records)))
+        if commit_ts > st.max_ts:
+            st.max_ts = commit_ts
+        pid = b.producer_id
+        if pid and (b.HasField("position") or b.HasField("snapshot")):
+            rec = self.producer(st, grp, pid)
+            st.producers[pid] = ProducerRecord(
+                rec.epoch,
+                b.position.SerializeToString() if b.HasField("position") else rec.position,
+                b.snapshot.SerializeToString() if b.HasField("snapshot") else rec.snapshot)
+        st.add(x.payload, x.crc, RecordMeta(key, x.h, start_ts, commit_ts, 0))
+
+    def _rollback(self, st: Stage, grp: Stage, x: _In) -> None:
+        i, start_ts = x.i, x.b.start_ts
+        key = ix.entry_key_pack(ix.S, start_ts, _ROLLBACK, 0)
+        p = self._pending(st, grp, start_ts)
+        if p is None:
+            t = self._txn(st, grp, start_ts)
+            if t is None:
+                raise FailedPrecondition(f"binlog {i}: rollback for start_ts={start_ts} "
+                                         "without its prewrite")
+            if t.state == _ROLLED_BACK:
+                return
+            raise AlreadyExists(f"binlog {i}: start_ts={start_ts} is already committed "
+                                f"with commit_ts={t.commit_ts}")
+        st.pending[start_ts] = None
+        st.txn[start_ts] = TxnRecord(_ROLLED_BACK, 0, x.h)
+        st.add(x.payload, x.crc, RecordMeta(key, x.h, 0, start_ts, 0))
+
+    def _fake(self, st: Stage, grp: Stage, x: _In) -> None:
+        i, start_ts = x.i, x.b.start_ts
+        if x.from_client:
+            raise InvalidArgument(f"binlog {i}: fake binlogs are written by the pump itself "
+                                  "(heartbeats at fresh TSO timestamps), not by clients")
+        ts = x.b.commit_ts
+        if ts != start_ts:
+            raise InvalidArgument(f"binlog {i}: fake binlog needs start_ts == commit_ts "
+                                  f"(got {start_ts} and {ts})")
+        key = ix.entry_key_pack(ix.E, ts, _FAKE, 0)
+        if self._key_hash(st, grp, key) is not None:
+            return  # a fake carries no data: any fake at this ts is the same heartbeat
+        if ts <= self.state.served:
+            raise FailedPrecondition(f"binlog {i}: fake binlog ts {ts} <= served watermark "
+                                     f"{self.state.served}")
+        if ts > st.max_ts:
+            st.max_ts = ts
+        st.add(x.payload, x.crc, RecordMeta(key, x.h, 0, ts, 0))
+
+    # -- multi-part prewrites: the parts, wherever they are --------------------------------
+
+    def multipart_parts(self, st: Stage, grp: Stage, start_ts: int, part_count: int
+                        ) -> list[PartReader]:
+        """(read(offset, n), length) of each part's serialized Binlog, in part order: in memory
+        for parts of this group, `pread` on the value log otherwise."""
+        parts: list[PartReader] = []
+        for part_no in range(part_count):
+            key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
+            staged = st.record_of(key) or grp.record_of(key)
+            if staged is not None:
+                parts.append((lambda off, n, b=staged: b[off:off + n], len(staged)))
+                continue
+            raw = self.state.db.get(key)
+            if raw is None:   # the sorter saw every part: only a bug gets here
+                raise FailedPrecondition(f"prewrite part {part_no} of start_ts={start_ts} is "
+                                         "not in the index")
+            seg, off, length = ix.entry_val_unpack(raw)[:3]
+            fd = self.state.vlog.read_fd(seg)
+            base = off + HEADER_SIZE
+            parts.append((lambda o, n, fd=fd, base=base: os.pread(fd, n, base + o), length))
+        return parts
+
+
+_Handler = Callable[[Stager, Stage, Stage, _In], None]
+_HANDLERS: dict[int, _Handler] = {
+    _PREWRITE: Stager._prewrite,
+    _COMMIT: Stager._commit,
+    _ROLLBACK: Stager._rollback,
+    _FAKE: Stager._fake,
+}
+
+
+def _admit(adm: Admission, i: int, start_ts: int, pid: str) -> None:
+    if not pid:
+        raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: producer_id is "
+                              "empty: a prewrite must name its registered producer, which "
+                              "resolves it if its commit never comes")
+    try:
+        adm.check(pid)
+    except UnknownProducer as e:
+        raise UnknownProducer(f"binlog {i}: prewrite start_ts={start_ts}: {e}",
+                              e.producer_id) from None
+
+
+def _admit_value(adm: Admission, i: int, start_ts: int, value: bytes) -> None:
+    try:
+        adm.check_value(value)
+    except SluiceError as e:
+        raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: {e}") from None
