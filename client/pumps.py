@@ -35,6 +35,7 @@ from sluice.core.etcd import Etcd
 from sluice.core.log import kv
 from sluice.core.registry import NodeInfo, NodeKind, NodeState, Registry, Watcher
 from sluice.core.tls import SecurityConfig
+from sluice.core.registry import CONFIG_PATH
 from sluice.proto import sluice_pb2 as pb
 
 from .acks import (CommitNotAcknowledged, PrewriteAck, check_commit_ts, group_calls,
@@ -45,11 +46,10 @@ from .pump_state import (ChannelRef, ClientMetrics, Failover, PumpState, close_r
 from .routing import Candidate, make_selector
 
 __all__ = ["PrewriteAck", "NoPumpAvailable", "CommitNotAcknowledged", "PumpsClient",
-           "check_commit_ts", "split_prewrite", "CONFIG_PATH"]
+           "check_commit_ts", "split_prewrite"]
 
 log = logging.getLogger(__name__)
 
-CONFIG_PATH = "config"                # registry.cluster_key("config"): {"replicas": N}
 FIRST_PROBE_S = 1.0                   # a pump just marked unavailable is probed this soon
 PROBE_TIMEOUT_S = 2.0
 REDELIVERY_MAX = 100_000              # commit/rollback requests kept for re-sending, all pumps

@@ -19,6 +19,7 @@ from sluice.core import log as logsetup
 from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, Registry
 from sluice.core.tso_client import TSOClient
+from sluice.core.registry import CONFIG_PATH
 from sluice.pump.storage.storage import Storage
 
 from .admission import ProducerAdmission
@@ -83,16 +84,15 @@ def check_prerequisites(config: PumpConfig) -> None:
         etcd.close()
 
 
-CLUSTER_CONFIG = "config"   # registry.cluster_key: {"replicas": N}, shared by pumps and clients
 
 
 def check_replicas(registry: Registry, replicas: int) -> None:
     """The cluster-wide replica count is set once: the first pump creates it (compare-and-swap
     create), every later pump must agree — a pump that disagreed would hold a different share
     of the cluster's copies than the clients write."""
-    key = registry.cluster_key(CLUSTER_CONFIG)
+    key = registry.cluster_key(CONFIG_PATH)
     for _ in range(100):
-        stored, rev = registry.get_json_rev(CLUSTER_CONFIG)
+        stored, rev = registry.get_json_rev(CONFIG_PATH)
         if isinstance(stored, dict) and "replicas" in stored:
             if stored["replicas"] != replicas:
                 raise errors.ConfigError(
@@ -101,7 +101,7 @@ def check_replicas(registry: Registry, replicas: int) -> None:
                     "config (the value is cluster-wide)")
             return
         new = {**(stored if isinstance(stored, dict) else {}), "replicas": replicas}
-        if registry.cas_json(CLUSTER_CONFIG, rev, new):
+        if registry.cas_json(CONFIG_PATH, rev, new):
             log.info("cluster config %s created: replicas = %d", key, replicas)
             return
     raise errors.EtcdUnavailable(f"{key} kept changing while the pump read it")
