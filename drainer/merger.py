@@ -460,3 +460,11 @@ class Merger:
 
     def stats(self) -> MergeStats:
         return MergeStats(self._emitted, self._dup, self._pos_dropped, self._late)
+
+    def push_segment(self, source_id: str, seg: Any) -> None:
+        """A drainer.columnar.Segment, merged as its tuples (MergeStrategy)."""
+        self.push_many(source_id, seg.tuples(source_id))
+
+    def summary(self) -> str:
+        """Nothing beyond stats() to say at stop (MergeStrategy)."""
+        return ""
