@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.core import wire
 from sluice.drainer.merger import _NO_BOUND, Merger, MergeStats
 from sluice.proto import sluice_pb2 as pb
 
@@ -45,8 +46,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Segment", "ColumnBatch", "ColumnarMerge", "segment", "warm_up"]
 
-_FRAME_TAG = 0x0A
-_F_CTS, _F_STS, _F_END, _F_FAKE = 5, 6, 7, 8   # PullBinlogsResp packed fields
+_F_CTS, _F_STS, _F_END, _F_FAKE = (wire.F_TXN_COMMIT_TS, wire.F_TXN_START_TS, wire.F_TXN_END,
+                                   wire.F_FAKE_INDEX)
 _CHUNK = 4096
 _MIN_POP = 8192
 # Merged batches come from the C library's allocator, whose freed blocks the drainer keeps for
@@ -125,18 +126,6 @@ class ColumnBatch:
         return Segment(self.cts, self.sts, self.bins).tuples(source_id)
 
 
-def _varint(b: bytes, i: int) -> tuple[int, int]:
-    shift = n = 0
-    while i < len(b):
-        x = b[i]
-        i += 1
-        n |= (x & 0x7F) << shift
-        shift += 7
-        if x < 0x80:
-            return n, i
-    raise ValueError("truncated varint")
-
-
 def segment(raw: bytes, resp: pb.PullBinlogsResp, after: int) -> tuple[list[Segment], int] | None:
     """A packed response's transactions above `after` as Segments (one, or the runs between
     its FAKE entries, zero-copy), and the highest commit_ts it covers (FAKEs only advance
@@ -147,14 +136,8 @@ def segment(raw: bytes, resp: pb.PullBinlogsResp, after: int) -> tuple[list[Segm
     if n == 0 or resp.positioned_index:
         return None
     end = resp.txn_end[-1]
-    fields: dict[int, tuple[int, int]] = {}
-    i = end
     try:
-        while i < len(raw) and raw[i] & 7 == 2:
-            tag = raw[i] >> 3
-            length, i = _varint(raw, i + 1)
-            fields[tag] = (i, length)
-            i += length
+        fields, i = wire.trailing_fields(raw, end)
     except ValueError:
         return None
     if (fields.get(_F_CTS, (0, -1))[1] != 8 * n or fields.get(_F_STS, (0, -1))[1] != 8 * n
@@ -171,7 +154,7 @@ def segment(raw: bytes, resp: pb.PullBinlogsResp, after: int) -> tuple[list[Segm
     if n > 1 and not (pc.all(pc.greater(ends.slice(1), ends.slice(0, n - 1))).as_py()
                       and pc.all(pc.greater_equal(cts.slice(1), cts.slice(0, n - 1))).as_py()):
         return None
-    if _mv(ends, "i")[0] <= 0 or not pc.all(pc.equal(data.take(starts), _FRAME_TAG)).as_py():
+    if _mv(ends, "i")[0] <= 0 or not pc.all(pc.equal(data.take(starts), wire.FRAME_TAG)).as_py():
         return None
     bins = pa.Array.from_buffers(pa.binary(), n, [None, offsets.buffers()[1], buf.slice(0, end)])
     seg = Segment(cts, sts, bins)
