@@ -8,23 +8,9 @@ merges such segments with a few vectorised calls per batch (cut at the bound, so
 commit_ts, check start_ts, take the binlogs in order), handing the sink one `ColumnBatch`.
 
 Invariant: ColumnarMerge emits exactly what `Merger` emits for the same pushes — same
-transactions, same order, same watermarks, same emitted and dropped counts — because it is a
-front for a Merger and takes the columnar route only where that route provably agrees:
-- segments are queued only while the Merger holds nothing (no buffered, staged or retired item),
-  so there is one ordered place for every pending transaction;
-- a segment is queued only if it continues its source in order above the merge watermark (no
-  late copy, no order break) — otherwise, and whenever tuples arrive (responses with producer
-  positions, decoded ones), every queued segment is handed to the Merger as tuples first;
-- a columnar batch is emitted only if no start_ts repeats within it (a copy, or copies that
-  disagree on commit_ts); otherwise the batch goes to the Merger's staging as tuples and the
-  Merger's own rules decide it. A copy of an already emitted transaction cannot reach a batch:
-  everything emitted is at or below the merge watermark, so such a copy arrives there and is
-  judged at its push by the Merger, against the start_ts window this class hands it (the
-  window is carried across the switches in both directions).
-The one difference: a copy that disagrees on commit_ts and arrives *above* the merge watermark
-after its original was emitted is caught by the Merger's window (best effort, its docstring)
-and not by a columnar batch. The tuple route is what responses with producer positions take
-(a capture's); the two routes are proven against each other by tests/unit/test_columnar.py.
+transactions, order, watermarks and counts — because it is a front for a Merger and takes the
+columnar route only where that route provably agrees (the argument: docs/drainer.md, "The
+columnar merge"; the two routes are checked against each other by tests/unit/test_columnar.py).
 """
 from __future__ import annotations
 
