@@ -46,7 +46,7 @@ from sluice.drainer.reader import PumpReader  # noqa: E402
 from sluice.drainer.sink import Checkpoint  # noqa: E402
 from sluice.drainer.sinks.grpc import GrpcSink, GrpcSinkConfig  # noqa: E402
 from sluice.proto import sluice_pb2 as pb  # noqa: E402
-from sluice.pump.storage.reader import frame_head, packed_meta  # noqa: E402
+from sluice.core.wire import frame_head, packed_meta  # noqa: E402
 
 RESPONSE_BYTES = 2 << 20
 POP_LIMIT = 2048

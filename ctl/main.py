@@ -32,7 +32,7 @@ from sluice.core.errors import ConfigError, SluiceError
 COMMANDS: dict[str, tuple[str, str]] = {
     "tso": ("sluice.tso.server", "run a TSO (timestamp oracle) server"),
     "pump": ("sluice.pump.server", "run a pump: durable binlog storage"),
-    "drainer": ("sluice.drainer.server", "run a drainer: merge pumps and apply to a sink"),
+    "drainer": ("sluice.drainer.main", "run a drainer: merge pumps and apply to a sink"),
     "capture": ("sluice.capture.server", "run a MySQL/MariaDB binlog capture"),
     "ctl": ("sluice.ctl.admin", "administer nodes, checkpoints, positions and snapshots"),
     "cluster": ("sluice.ctl.cluster", "run a local cluster: up | down | status | logs | stop | start | restart"),

@@ -74,7 +74,7 @@ def node_dict(info: NodeInfo) -> dict[str, Any]:
         d["checkpoint"] = st.checkpoint
         d["checkpoint_time"] = ts_time(st.checkpoint)
         d["lag_seconds"] = round(tsmod.lag_seconds(st.checkpoint), 3) if st.checkpoint else None
-        # the pump and stuck start_ts holding its merge (drainer/server.py `held_by`)
+        # the pump and stuck start_ts holding its merge (drainer/pumps.py `held_by`)
         d["held_by"] = st.labels.get("held-by") or None
     return d
 

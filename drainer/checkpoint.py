@@ -21,8 +21,8 @@ from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-__all__ = ["checkpoint_key", "read_checkpoint", "write_checkpoint", "CheckpointStore",
-           "encode_positions", "decode_positions"]
+__all__ = ["checkpoint_key", "read_checkpoint", "write_checkpoint", "encode_positions",
+           "decode_positions"]
 
 
 def checkpoint_key(registry: Registry, name: str) -> str:
@@ -67,19 +67,3 @@ def encode_positions(positions: dict[str, pb.Position]) -> dict[str, str]:
 def decode_positions(positions: dict[str, str]) -> dict[str, pb.Position]:
     return {pid: parse_position(text) for pid, text in positions.items()}
 
-
-class CheckpointStore:
-    """The running drainer's handle on its checkpoint key (blocking calls; use to_thread)."""
-
-    def __init__(self, registry: Registry, name: str) -> None:
-        self.registry, self.name = registry, name
-        self.key = checkpoint_key(registry, name)
-        self.saved: Checkpoint | None = None
-
-    def load(self) -> Checkpoint | None:
-        self.saved = read_checkpoint(self.registry, self.name)
-        return self.saved
-
-    def save(self, cp: Checkpoint) -> None:
-        write_checkpoint(self.registry, self.name, cp)
-        self.saved = cp

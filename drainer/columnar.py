@@ -8,23 +8,9 @@ merges such segments with a few vectorised calls per batch (cut at the bound, so
 commit_ts, check start_ts, take the binlogs in order), handing the sink one `ColumnBatch`.
 
 Invariant: ColumnarMerge emits exactly what `Merger` emits for the same pushes — same
-transactions, same order, same watermarks, same emitted and dropped counts — because it is a
-front for a Merger and takes the columnar route only where that route provably agrees:
-- segments are queued only while the Merger holds nothing (no buffered, staged or retired item),
-  so there is one ordered place for every pending transaction;
-- a segment is queued only if it continues its source in order above the merge watermark (no
-  late copy, no order break) — otherwise, and whenever tuples arrive (responses with producer
-  positions, decoded ones), every queued segment is handed to the Merger as tuples first;
-- a columnar batch is emitted only if no start_ts repeats within it (a copy, or copies that
-  disagree on commit_ts); otherwise the batch goes to the Merger's staging as tuples and the
-  Merger's own rules decide it. A copy of an already emitted transaction cannot reach a batch:
-  everything emitted is at or below the merge watermark, so such a copy arrives there and is
-  judged at its push by the Merger, against the start_ts window this class hands it (the
-  window is carried across the switches in both directions).
-The one difference: a copy that disagrees on commit_ts and arrives *above* the merge watermark
-after its original was emitted is caught by the Merger's window (best effort, its docstring)
-and not by a columnar batch. The tuple route is what responses with producer positions take
-(a capture's); the two routes are proven against each other by tests/unit/test_columnar.py.
+transactions, order, watermarks and counts — because it is a front for a Merger and takes the
+columnar route only where that route provably agrees (the argument: docs/drainer.md, "The
+columnar merge"; the two routes are checked against each other by tests/unit/test_columnar.py).
 """
 from __future__ import annotations
 
@@ -38,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sluice.core import wire
 from sluice.drainer.merger import _NO_BOUND, Merger, MergeStats
 from sluice.proto import sluice_pb2 as pb
 
@@ -45,8 +32,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Segment", "ColumnBatch", "ColumnarMerge", "segment", "warm_up"]
 
-_FRAME_TAG = 0x0A
-_F_CTS, _F_STS, _F_END, _F_FAKE = 5, 6, 7, 8   # PullBinlogsResp packed fields
+_F_CTS, _F_STS, _F_END, _F_FAKE = (wire.F_TXN_COMMIT_TS, wire.F_TXN_START_TS, wire.F_TXN_END,
+                                   wire.F_FAKE_INDEX)
 _CHUNK = 4096
 _MIN_POP = 8192
 # Merged batches come from the C library's allocator, whose freed blocks the drainer keeps for
@@ -125,18 +112,6 @@ class ColumnBatch:
         return Segment(self.cts, self.sts, self.bins).tuples(source_id)
 
 
-def _varint(b: bytes, i: int) -> tuple[int, int]:
-    shift = n = 0
-    while i < len(b):
-        x = b[i]
-        i += 1
-        n |= (x & 0x7F) << shift
-        shift += 7
-        if x < 0x80:
-            return n, i
-    raise ValueError("truncated varint")
-
-
 def segment(raw: bytes, resp: pb.PullBinlogsResp, after: int) -> tuple[list[Segment], int] | None:
     """A packed response's transactions above `after` as Segments (one, or the runs between
     its FAKE entries, zero-copy), and the highest commit_ts it covers (FAKEs only advance
@@ -147,14 +122,8 @@ def segment(raw: bytes, resp: pb.PullBinlogsResp, after: int) -> tuple[list[Segm
     if n == 0 or resp.positioned_index:
         return None
     end = resp.txn_end[-1]
-    fields: dict[int, tuple[int, int]] = {}
-    i = end
     try:
-        while i < len(raw) and raw[i] & 7 == 2:
-            tag = raw[i] >> 3
-            length, i = _varint(raw, i + 1)
-            fields[tag] = (i, length)
-            i += length
+        fields, i = wire.trailing_fields(raw, end)
     except ValueError:
         return None
     if (fields.get(_F_CTS, (0, -1))[1] != 8 * n or fields.get(_F_STS, (0, -1))[1] != 8 * n
@@ -171,7 +140,7 @@ def segment(raw: bytes, resp: pb.PullBinlogsResp, after: int) -> tuple[list[Segm
     if n > 1 and not (pc.all(pc.greater(ends.slice(1), ends.slice(0, n - 1))).as_py()
                       and pc.all(pc.greater_equal(cts.slice(1), cts.slice(0, n - 1))).as_py()):
         return None
-    if _mv(ends, "i")[0] <= 0 or not pc.all(pc.equal(data.take(starts), _FRAME_TAG)).as_py():
+    if _mv(ends, "i")[0] <= 0 or not pc.all(pc.equal(data.take(starts), wire.FRAME_TAG)).as_py():
         return None
     bins = pa.Array.from_buffers(pa.binary(), n, [None, offsets.buffers()[1], buf.slice(0, end)])
     seg = Segment(cts, sts, bins)

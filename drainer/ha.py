@@ -356,8 +356,8 @@ class Election:
 class FencedCheckpointStore:
     """The active drainer's checkpoint key, written only under its epoch (blocking calls).
 
-    Same interface as CheckpointStore (load/save/saved). A save is one etcd transaction
-    conditioned on the epoch counter's revision; then the status `checkpoint` mirror is a
+    load/save, and `saved`: the last checkpoint loaded or saved. A save is one etcd
+    transaction conditioned on the epoch counter's revision; then the status `checkpoint` mirror is a
     compare-and-swap that refuses a status carrying a newer epoch. Either refusal raises
     DrainerFenced and nothing is written.
     """

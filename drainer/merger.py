@@ -20,31 +20,9 @@ Also kept here:
 - `merge_watermark` — the largest T such that everything <= T from every source was emitted — is
   monotonic, so a checkpoint taken from it while idle is never contradicted by a later emission.
 
-Why dedupe memory can be bounded. Everything emitted has commit_ts <= merge_watermark (M).
-A source in the merge when M was reached has a watermark >= M, and a source never pushes below its
-own watermark (SourceOrderError), so from then on a copy of an emitted transaction can arrive with
-commit_ts >= M only — and, copies carrying the same commit_ts, exactly M: the one case that needs
-memory, because a source whose watermark *equals* M may still deliver an item at M (a reader
-resuming inclusively, a fake and a commit sharing the boundary). Pushes at or below M are checked
-against the emitted start_ts kept in a window and dropped, never emitted; below M, a start_ts no
-longer in the window can only be a copy from a source added with after_ts < M (e.g. a replica pump
-read from an older checkpoint — by §2.4 a pump joins the merge before any of its commits can be
-below M), dropped as "late" with a warning. Copies that are both buffered are caught by start_ts
-within the batch being emitted. The window keeps the most recent `dedupe_window` to
-2x`dedupe_window` emitted start_ts (two generations swapped in O(1)), so it always holds every
-entry with commit_ts == M; its extra depth only widens the detection of *conflicting* copies (a
-commit_ts that differs), which are invariant violations and caught on a best-effort basis. It is
-small by default (4096) on purpose: lookups in a dict that fits the CPU cache cost a fraction of
-those in a large one, and every emitted item is looked up.
-
-Speed. Items are tuples: `MergeItem` is a NamedTuple and plain 7-tuples in the same field order
-are accepted (a reader can build those cheaply); the merge reads fields with `itemgetter`, which
-measured faster than `attrgetter` on a slotted class. Per source a sorted list; ready items are cut
-per source with `bisect` and merged with `sorted()` (timsort merges the presorted runs in C), in
-steps of at most 4096 items per source so a backlog is merged while it is in the CPU cache;
-order, fake, duplicate and position checks are C-level passes (`map`, `any`, dict operations) over
-slices, falling back to a per-item loop only for a slice holding a FAKE, a possible copy or an
-item with a position. Numbers: docs/benchmarks.md, bench/drainer_merge.py.
+The dedupe window (`dedupe_window` .. 2x emitted start_ts) is provably enough to drop every copy
+of an emitted transaction; the proof and the speed notes are in docs/drainer.md ("The merge:
+why a bounded dedupe window suffices").
 """
 from __future__ import annotations
 
@@ -460,3 +438,11 @@ class Merger:
 
     def stats(self) -> MergeStats:
         return MergeStats(self._emitted, self._dup, self._pos_dropped, self._late)
+
+    def push_segment(self, source_id: str, seg: Any) -> None:
+        """A drainer.columnar.Segment, merged as its tuples (MergeStrategy)."""
+        self.push_many(source_id, seg.tuples(source_id))
+
+    def summary(self) -> str:
+        """Nothing beyond stats() to say at stop (MergeStrategy)."""
+        return ""

@@ -13,11 +13,11 @@ from sluice.core import ts
 from sluice.core.metrics import Metrics
 
 if TYPE_CHECKING:
-    from .server import DrainerServer
+    from .main import Drainer
 
 
 class DrainerMetrics:
-    def __init__(self, server: "DrainerServer") -> None:
+    def __init__(self, server: "Drainer") -> None:
         self.server = server
         m = self.m = Metrics("sluice_drainer")
         self.checkpoint = m.gauge("checkpoint_ts", "durable checkpoint (inclusive ts)")

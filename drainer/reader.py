@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
-from sluice.core import errors, failpoint, grpcutil
+from sluice.core import errors, failpoint, grpcutil, wire
 from sluice.core.tls import SecurityConfig
 from sluice.drainer.merger import Merger
 from sluice.drainer.txn import CorruptTxn, Txn, frame, unframe
@@ -53,8 +53,7 @@ _from_string = pb.Binlog.FromString
 _position = pb.Position.FromString
 _resp_from = pb.PullBinlogsResp.FromString
 _PULL = "/sluice.v1.Pump/PullBinlogs"
-_FRAME_TAG = b"\x0a"   # field 1 (binlogs), length-delimited: every transaction's bytes start so
-_PACKED_TAG = 0x2A     # field 5 (txn_commit_ts): what the pump writes right after the binlogs
+_FRAMES = bytes((wire.FRAME_TAG,))
 
 # Retrying these cannot help: the drainer must stop and say why.
 FATAL_CODES = frozenset({grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.INVALID_ARGUMENT,
@@ -206,10 +205,10 @@ class PumpReader:
         pump_id = self.pump_id
         starts = [0, *ends[:-1]]
         if (len(cts) != n or len(sts) != n or ends[-1] >= len(raw)
-                or raw[ends[-1]] != _PACKED_TAG
+                or raw[ends[-1]] != wire.PACKED_TAG
                 or not all(map(operator.lt, starts, ends))
                 or not all(map(operator.le, cts, islice(cts, 1, None)))
-                or bytes(map(raw.__getitem__, starts)) != _FRAME_TAG * n):
+                or bytes(map(raw.__getitem__, starts)) != _FRAMES * n):
             log.warning("pump %s: packed metadata does not match a response after commit_ts %d; "
                         "decoding it instead", pump_id, self.after)
             self._response(resp.binlogs, resp.watermark, {})

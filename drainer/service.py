@@ -16,17 +16,18 @@ import grpc
 
 from sluice.core import errors
 from sluice.core.grpcutil import add_service_with_raw_stream, check_cluster, handle_errors
+from sluice.drainer.sink import ServingSink
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 
 if TYPE_CHECKING:
-    from .server import DrainerServer
+    from .main import Drainer
 
 log = logging.getLogger(__name__)
 
 
 class CisternService(pbg.CisternServicer):
-    def __init__(self, server: "DrainerServer") -> None:
+    def __init__(self, server: "Drainer") -> None:
         self.server = server
 
     @handle_errors
@@ -39,10 +40,10 @@ class CisternService(pbg.CisternServicer):
 
 
 class DrainerService(pbg.DrainerServicer):
-    def __init__(self, server: "DrainerServer") -> None:
+    def __init__(self, server: "Drainer") -> None:
         self.server = server
 
-    def _sink(self):  # type: ignore[no-untyped-def]
+    def _sink(self) -> ServingSink:
         sink = self.server.grpc_sink()
         if sink is None:
             raise errors.FailedPrecondition(

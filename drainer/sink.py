@@ -1,22 +1,27 @@
-"""The sink interface every drainer sink implements, the drainer checkpoint value, and the registry.
+"""The sink contract (`Sink`, its refinements and `Capabilities`), the checkpoint value, the registry.
 
 Invariant: checkpoints are inclusive (DESIGN §2.6) — "everything with commit_ts <= checkpoint is
 applied"; a sink's checkpoint() reports only what is durable in the sink, and the drainer resumes
 strictly after it (`PullBinlogs(after_commit_ts=checkpoint)`).
 
 One sink per drainer, loaded by name (`load_sink`): `file`, `grpc`, `mysql`, `spark`. A sink
-receives commit-ordered transactions in batches that never split a transaction; the drainer
-records schema effects (DDL, schema snapshots) in its SchemaHistory before handing a batch over.
+receives commit-ordered transactions in batches that never split a transaction. What a sink can
+do is declared, never probed: its class's `capabilities` record and the refinement it derives
+from (`RawSink`, `ServingSink`, `BackgroundSink`). Sinks never call into the drainer: what they
+need from it is a constructor-time dependency (context), and a background sink reports finished
+commits on its `successes()` queue, which the drainer reads (TiDB-Binlog's Syncer.Successes()).
 """
 from __future__ import annotations
 
 import abc
+import asyncio
 import base64
 import binascii
 import dataclasses
 import importlib
 import json
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, TypeVar
 
 from sluice.core import config as _config
 from sluice.core.errors import ConfigError, InvalidArgument
@@ -69,15 +74,36 @@ class SinkCheckpoint:
     sink_state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a sink takes and how its checkpoint relates to the merge, declared by its class.
+
+    raw: takes the stored binlogs as they are (`RawSink.apply_raw`), never decoded transactions;
+    the drainer then neither unframes nor records schema effects. columns: a raw sink that also
+    takes merged columns (`RawSink.apply_columns`, drainer/columnar.py). follows_merge: after a
+    flush, the merge watermark read before it counts as durable (false: the sink's checkpoint is
+    its own, e.g. consumers' acknowledgements). background: commits in the background
+    (`BackgroundSink`). serves_stream: serves the merged stream (`ServingSink`).
+    """
+
+    raw: bool = False
+    columns: bool = False
+    follows_merge: bool = True
+    background: bool = False
+    serves_stream: bool = False
+
+
 class Sink(abc.ABC):
     """A drainer sink. Calls come from one task: open, (apply | flush | checkpoint)*, close."""
 
     name: str = ""
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> Sink:
         """Build the sink from its config table. Context keys a sink does not use are ignored
-        (the drainer passes the same context to every sink: schema, source_name, epoch, ...)."""
+        (the drainer passes the same context to every sink: schema, source_name, epoch, fence,
+        replay, ...)."""
         return cls(options, **context)  # type: ignore[call-arg]
 
     @classmethod
@@ -108,6 +134,71 @@ class Sink(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release resources; the drainer flushes and saves its checkpoint before calling this."""
+
+    def has_room(self) -> bool:
+        """Whether the sink takes another batch now (back-pressure; most sinks always do)."""
+        return True
+
+    async def wait_room(self, timeout: float) -> bool:
+        """Wait up to timeout for has_room(); returns it."""
+        return True
+
+
+class RawSink(Sink):
+    """A sink that forwards stored binlogs (capabilities.raw): merge items go to it framed as
+    the pumps sent them (drainer.txn.frame), never decoded."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(raw=True)
+
+    @abc.abstractmethod
+    def apply_raw(self, batch: list[tuple[int, int, bytes]]) -> None:
+        """Commit-ordered (commit_ts, start_ts, framed binlogs) (drainer.sinks.grpc.RawTxn)."""
+
+    def apply_columns(self, batch: Any) -> None:
+        """A merged drainer.columnar.ColumnBatch; only called when capabilities.columns."""
+        raise NotImplementedError(f"{type(self).__name__} does not take merged columns")
+
+    @abc.abstractmethod
+    def advance(self, watermark: int) -> None:
+        """Everything <= watermark has been applied (the merge moved on without transactions)."""
+
+
+class ServingSink(RawSink):
+    """A raw sink serving the merged stream itself (Drainer.PullBinlogs / Ack: the grpc sink)."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(raw=True, serves_stream=True)
+
+    @abc.abstractmethod
+    def serve(self, after: int, consumer_id: str = "") -> AsyncIterator[bytes]:
+        """Serialized DrainerPullResp messages strictly after `after`, then live."""
+
+    @abc.abstractmethod
+    def ack(self, consumer_id: str, commit_ts: int) -> None:
+        """A consumer acknowledged everything <= commit_ts."""
+
+
+class BackgroundSink(Sink):
+    """A sink that commits in the background (capabilities.background: the Spark sink).
+
+    A periodic checkpoint calls commit_soon() (never waits) instead of flush(); the sink puts
+    what is durable on its successes() queue each time a background commit finishes (successful
+    or not: a failure is raised by the next apply, flush or commit_soon), and the drainer saves a
+    checkpoint when it reads one. `idle` says when the merge watermark may be saved."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(background=True)
+
+    @abc.abstractmethod
+    async def commit_soon(self) -> None:
+        """Start committing what is buffered, unless a commit is in flight; never waits."""
+
+    @property
+    @abc.abstractmethod
+    def idle(self) -> bool:
+        """Nothing applied is uncommitted: no buffered rows, no commit in flight."""
+
+    @abc.abstractmethod
+    def successes(self) -> asyncio.Queue[SinkCheckpoint]:
+        """Finished background commits, in order: what was durable as each one ended."""
 
 
 def options_to_config(cls: type[T], options: Any, where: str) -> T:

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from sluice.core import errors, failpoint
+from sluice.core import errors, failpoint, wire
 from sluice.core.grpcutil import add_service_with_raw_stream, check_cluster, handle_errors
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
-from sluice.pump.storage.reader import varint
 
 if TYPE_CHECKING:
     from .admission import ProducerAdmission
@@ -143,7 +142,7 @@ class PumpService(pbg.PumpServicer):
                     while True:
                         chunk = await asyncio.to_thread(preamble.next_chunk, PULL_MESSAGE_BYTES)
                         if chunk.count:
-                            yield chunk.frames + chunk.txns + _tail(after, schema_only=True)
+                            yield chunk.frames + chunk.txns + wire.tail(after, schema_only=True)
                         if chunk.exhausted:
                             break
                 finally:
@@ -156,7 +155,7 @@ class PumpService(pbg.PumpServicer):
                 changed.clear()
                 chunk = await asyncio.to_thread(reader.next_chunk, size)
                 if chunk.count or chunk.covered > last_sent_wm:
-                    yield chunk.frames + chunk.txns + _tail(chunk.covered)
+                    yield chunk.frames + chunk.txns + wire.tail(chunk.covered)
                     last_sent_wm = chunk.covered
                     size = min(size * 2, PULL_MESSAGE_BYTES)
                 if chunk.exhausted:
@@ -231,12 +230,6 @@ def _check_start_ts(request: pb.GetCommitReq | pb.ResolveTxnReq, cluster_id: int
     check_cluster(request, cluster_id)
     if request.start_ts <= 0:
         raise errors.InvalidArgument(f"start_ts must be > 0, got {request.start_ts}")
-
-
-def _tail(watermark: int, schema_only: bool = False) -> bytes:
-    """PullBinlogsResp fields 2 (watermark) and 3 (schema_only), wire-encoded."""
-    out = b"\x10" + varint(watermark & 0xFFFFFFFFFFFFFFFF) if watermark else b""
-    return out + b"\x18\x01" if schema_only else out
 
 
 def add_to_server(service: PumpService, server: grpc.aio.Server) -> None:

@@ -31,7 +31,8 @@ from typing import Any
 from sluice.core import failpoint
 from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.position import format_position
-from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, options_to_config
+from sluice.drainer.sink import (BackgroundSink, Capabilities, Checkpoint, SinkCheckpoint,
+                                 options_to_config)
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import tables as T
@@ -70,13 +71,10 @@ class Committed:
     commit_ts: int
 
 
-class SparkSink(Sink):
+class SparkSink(BackgroundSink):
     name = "spark"
-    checkpoint_follows_merge = True   # flush() commits everything applied
-    # The drainer's periodic checkpoint calls commit_soon() (never waits) instead of flush(),
-    # and saves again when the listener says a commit finished; `idle` says when the merge
-    # watermark may be saved.
-    commits_in_background = True
+    # flush() commits everything applied; periodic checkpoints use commit_soon() and successes().
+    capabilities = Capabilities(follows_merge=True, background=True)
 
     def __init__(self, options: SparkSinkConfig, schema: SchemaLookup, source_name: str = "sluice",
                  epoch: int = 0, spark: Any = None, owner: str = "") -> None:
@@ -97,7 +95,7 @@ class SparkSink(Sink):
         self._failed: BaseException | None = None
         self._pending: concurrent.futures.Future[None] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._on_commit: Callable[[], None] | None = None
+        self._successes: asyncio.Queue[SinkCheckpoint] = asyncio.Queue()
         self._since_maintenance = 0
         self.skipped = 0
         # Seconds per step since open (decode_s in apply(); convert/changelog/current/marker per
@@ -255,9 +253,9 @@ class SparkSink(Sink):
         """Nothing applied is uncommitted: no buffered rows, no commit in flight."""
         return self._pending is None and not self._buf.count
 
-    def set_commit_listener(self, listener: Callable[[], None]) -> None:
-        """Called from the commit thread after each background commit (success or failure)."""
-        self._on_commit = listener
+    def successes(self) -> asyncio.Queue[SinkCheckpoint]:
+        """What is durable each time a background commit ends (success or failure)."""
+        return self._successes
 
     async def _commit_all(self) -> None:
         await self._settle()
@@ -271,9 +269,14 @@ class SparkSink(Sink):
             return
         states = dict(self._states)
         self._pending = self._thread().submit(self._commit_sync, buf, states)
-        if self._on_commit is not None:
-            listener = self._on_commit
-            self._pending.add_done_callback(lambda _f: listener())
+        loop, put = asyncio.get_running_loop(), self._successes.put_nowait
+
+        def report(_f: concurrent.futures.Future[None]) -> None:
+            try:
+                loop.call_soon_threadsafe(put, self.checkpoint())
+            except RuntimeError:   # the loop that started it is gone: nobody reads the report
+                pass
+        self._pending.add_done_callback(report)
 
     async def _settle(self) -> None:
         fut = self._pending

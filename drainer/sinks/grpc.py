@@ -42,7 +42,7 @@ from itertools import accumulate
 from typing import Any, NamedTuple, Protocol
 
 from sluice.core.errors import ConfigError, InvalidArgument, OutOfRange
-from sluice.drainer.sink import Checkpoint, Sink, SinkCheckpoint, sink_options
+from sluice.drainer.sink import Capabilities, Checkpoint, ServingSink, SinkCheckpoint, sink_options
 from sluice.drainer.txn import Txn, frame
 from sluice.proto import sluice_pb2 as pb
 
@@ -104,12 +104,15 @@ class _Chunk:
         return self.offs[hi] - self.offs[lo]
 
 
-class GrpcSink(Sink):
+class GrpcSink(ServingSink):
     name = "grpc"
-    accepts_raw = True               # the drainer hands RawTxn batches to apply_raw
-    checkpoint_follows_merge = False  # the checkpoint is the consumers' acknowledgement
+    # Raw batches or merged columns; the checkpoint is the consumers' acknowledgement.
+    capabilities = Capabilities(raw=True, columns=True, follows_merge=False, serves_stream=True)
 
-    def __init__(self, options: GrpcSinkConfig) -> None:
+    def __init__(self, options: GrpcSinkConfig,
+                 replay: Callable[[int], Replay] | None = None) -> None:
+        """replay: how to re-read the pumps from a ts below the buffer (the drainer's pumps;
+        without it, a pull below the buffer is OUT_OF_RANGE)."""
         self._cfg = options
         self._chunks: list[_Chunk] = []    # buffered transactions, commit order
         self._lasts: list[int] = []        # each chunk's last commit_ts (for bisection)
@@ -121,15 +124,11 @@ class GrpcSink(Sink):
         self._changed = asyncio.Event()
         self._room = asyncio.Event()
         self._closed = False
-        self._replay: Callable[[int], Replay] | None = None
-
-    def set_replay(self, open_replay: Callable[[int], Replay]) -> None:
-        """How to re-read the pumps from a ts below the buffer (given by the drainer)."""
-        self._replay = open_replay
+        self._replay = replay
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> GrpcSink:
-        return cls(sink_options(cls.name, options or {}))
+        return cls(sink_options(cls.name, options or {}), context.get("replay"))
 
     # -- Sink --------------------------------------------------------------------------------
 

@@ -23,14 +23,13 @@ With `packed = True` (PullBinlogsReq.packed_meta) the same description travels a
 instead (PullBinlogsResp fields 5..9): per entry its commit_ts, start_ts and the byte offset where
 its framed binlogs end, plus the indexes of FAKE entries and of entries whose COMMIT may carry a
 producer position (its tag byte occurs in the record). Filling them costs a few list appends per
-transaction; the same invariant holds (all or nothing per chunk).
+transaction; the same invariant holds (all or nothing per chunk). One walk (`_chunks`) builds
+both descriptions; the encoders are core/wire.py's, shared with the drainer that reads them.
 """
 from __future__ import annotations
 
 import os
 import struct
-import sys
-from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -38,6 +37,7 @@ import google_crc32c
 import plyvel
 from google.protobuf.message import DecodeError
 
+from sluice.core import wire
 from sluice.core.errors import CorruptRecord, FailedPrecondition
 from sluice.proto import sluice_pb2 as pb
 
@@ -59,87 +59,8 @@ class Chunk(NamedTuple):
     txns: bytes = b""  # wire encoding of PullBinlogsResp.txns (see the module invariant)
 
 
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_HEADS: dict[int, bytes] = {}
-
-
-def frame_head(n: int) -> bytes:
-    """Field 1 (length-delimited) header for an n-byte payload."""
-    head = _HEADS.get(n)
-    if head is None:
-        head = b"\x0a" + varint(n)
-        if len(_HEADS) < 1 << 16:
-            _HEADS[n] = head
-    return head
-
-
-# TxnMeta.binlog_count (field 100, varint) for small counts; others are encoded on demand.
-_COUNT_FIELD = b"\xa0\x06"
-_COUNTS = [_COUNT_FIELD + varint(n) for n in range(128)]
-_META_HEADS: dict[int, bytes] = {}
-
-
-def count_field(n: int) -> bytes:
-    return _COUNTS[n] if n < 128 else _COUNT_FIELD + varint(n)
-
-
-def meta_head(n: int) -> bytes:
-    """Field 4 (PullBinlogsResp.txns) header for an n-byte TxnMeta."""
-    head = _META_HEADS.get(n)
-    if head is None:
-        head = b"\x22" + varint(n)
-        if len(_META_HEADS) < 1 << 12:
-            _META_HEADS[n] = head
-    return head
-
-
 _POSITION_TAG = 0x4A      # Binlog.position: field 9, length-delimited
 _from_string = pb.Binlog.FromString
-
-
-def packed_meta(cts: list[int], sts: list[int], ends: list[int], fakes: list[int],
-                positioned: list[int]) -> bytes:
-    """PullBinlogsResp fields 5..9 (packed) for one chunk's entries; b"" when there are none."""
-    n = len(cts)
-    if not n:
-        return b""
-    if _BIG_ENDIAN:
-        return _packed_meta_portable(cts, sts, ends, fakes, positioned)
-    out = [b"\x2a", varint(8 * n), array("q", cts).tobytes(),
-           b"\x32", varint(8 * n), array("q", sts).tobytes(),
-           b"\x3a", varint(4 * n), array("I", ends).tobytes()]
-    if fakes:
-        out += (b"\x42", varint(4 * len(fakes)), array("I", fakes).tobytes())
-    if positioned:
-        out += (b"\x4a", varint(4 * len(positioned)), array("I", positioned).tobytes())
-    return b"".join(out)
-
-
-_BIG_ENDIAN = sys.byteorder == "big"
-
-
-def _packed_meta_portable(cts: list[int], sts: list[int], ends: list[int], fakes: list[int],
-                          positioned: list[int]) -> bytes:
-    """packed_meta on a big-endian host (protobuf fixed-width fields are little-endian)."""
-    def field(tag: bytes, fmt: str, values: list[int]) -> bytes:
-        data = struct.pack(f"<{len(values)}{fmt}", *values)
-        return tag + varint(len(data)) + data if values else b""
-    return (field(b"\x2a", "q", cts) + field(b"\x32", "q", sts) + field(b"\x3a", "I", ends)
-            + field(b"\x42", "I", fakes) + field(b"\x4a", "I", positioned))
-
-
-def txn_meta(last: bytes, count: int) -> tuple[bytes, bytes, bytes]:
-    """The framed TxnMeta of a transaction whose COMMIT (or FAKE) record is `last`."""
-    tail = count_field(count)
-    return meta_head(len(last) + len(tail)), last, tail
 
 
 class CommitReader:
@@ -219,121 +140,31 @@ class CommitReader:
 
     def _chunks(self, entries: Iterable[tuple[bytes, bytes]], max_bytes: int
                 ) -> Iterator[tuple[list[bytes], list[bytes], int, int, bool]]:
-        if self.packed:
-            return self._packed_chunks(entries, max_bytes)
-        return self._meta_chunks(entries, max_bytes)
-
-    def _meta_chunks(self, entries: Iterable[tuple[bytes, bytes]], max_bytes: int
-                     ) -> Iterator[tuple[list[bytes], list[bytes], int, int, bool]]:
-        """(framed payloads, framed txn metas, count, covered, exhausted) of about max_bytes
-        each.
+        """(framed payloads, description, count, covered, exhausted) of about max_bytes each.
+        The description is the chunk's `txns` entries, or with `packed` its packed arrays; it
+        is empty unless every binlog of the chunk is in a transaction that lies whole in it.
 
         The hot path of PullBinlogs: a COMMIT that knows its single-part prewrite, both records
         in the current read window, is handled inline; everything else goes through `_read` and
-        `_pieces`. `_pieces` is the reference (simple) version of the same walk."""
+        `_pieces`, the reference (simple) version of the same walk."""
+        packed = self.packed
         parts: list[bytes] = []
         append = parts.append
-        metas: list[bytes] = []
+        metas: list[bytes] = []          # txns entries (not packed)
         mappend = metas.append
-        whole = True          # every binlog of this chunk is in a transaction that lies whole in it
-        in_txn = 0            # binlogs of the current (generic path) transaction so far
-        count2 = count_field(2)
-        mheads = _META_HEADS
-        size = count = 0
-        covered = self.after
-        heads = _HEADS
-        unpack_key = _E_KEY.unpack
-        unpack_commit = ix.commit_val_unpack
-        unpack_head = HEADER.unpack_from
-        commit_size = ix.COMMIT_VAL_SIZE
-        read = self._read
-        crc32c = _crc
-        wseg, wstart, wbuf = self._w0
-        wlen = len(wbuf)
-        for key, val in entries:
-            if len(val) == commit_size:
-                seg, off, length, _, _, pseg, poff, plen = unpack_commit(val)
-                p = poff - wstart
-                if pseg == wseg and p >= 0 and p + 12 + plen <= wlen:
-                    magic, n, crc = unpack_head(wbuf, p)
-                    pw = wbuf[p + 12:p + 12 + plen]
-                    if magic != MAGIC or n != plen or crc32c(pw) != crc:
-                        self._corrupt(pseg, poff, magic, n, plen)
-                else:
-                    pw = read(pseg, poff, plen)
-                    wseg, wstart, wbuf = self._w0
-                    wlen = len(wbuf)
-                p = off - wstart
-                if seg == wseg and p >= 0 and p + 12 + length <= wlen:
-                    magic, n, crc = unpack_head(wbuf, p)
-                    cm = wbuf[p + 12:p + 12 + length]
-                    if magic != MAGIC or n != length or crc32c(cm) != crc:
-                        self._corrupt(seg, off, magic, n, length)
-                else:
-                    cm = read(seg, off, length)
-                    wseg, wstart, wbuf = self._w0
-                    wlen = len(wbuf)
-                head = heads.get(plen)
-                append(head if head is not None else frame_head(plen))
-                append(pw)
-                head = heads.get(length)
-                append(head if head is not None else frame_head(length))
-                append(cm)
-                head = mheads.get(length + 3)
-                mappend(head if head is not None else meta_head(length + 3))
-                mappend(cm)
-                mappend(count2)
-                size += plen + length
-                count += 2
-                covered = unpack_key(key)[1]
-            else:
-                for payloads, commit_ts, txn_end in self._pieces(((key, val),)):
-                    for payload in payloads:
-                        append(frame_head(len(payload)))
-                        append(payload)
-                        size += len(payload)
-                        count += 1
-                    in_txn += len(payloads)
-                    if txn_end:
-                        covered = commit_ts
-                        metas += txn_meta(payloads[-1], in_txn)
-                        in_txn = 0
-                    elif size >= max_bytes:   # a huge transaction: split, not yet covered
-                        yield parts, [], count, covered, False
-                        max_bytes = self._max_bytes   # the caller may ask more now
-                        parts = []
-                        append = parts.append
-                        del metas[:]
-                        whole = False     # the next chunk starts inside this transaction
-                        size = count = 0
-                wseg, wstart, wbuf = self._w0
-                wlen = len(wbuf)
-            if size >= max_bytes:
-                yield parts, metas if whole else [], count, covered, False
-                max_bytes = self._max_bytes
-                parts = []
-                append = parts.append
-                metas = []
-                mappend = metas.append
-                whole = True
-                size = count = 0
-        yield parts, metas if whole else [], count, covered, True
-
-    def _packed_chunks(self, entries: Iterable[tuple[bytes, bytes]], max_bytes: int
-                       ) -> Iterator[tuple[list[bytes], list[bytes], int, int, bool]]:
-        """`_meta_chunks` describing entries by packed arrays (see the module docstring)."""
-        parts: list[bytes] = []
-        append = parts.append
-        cts: list[int] = []
+        cts: list[int] = []              # packed arrays
         sts: list[int] = []
         ends: list[int] = []
         fakes: list[int] = []
         positioned: list[int] = []
-        whole = True
+        whole = True          # every binlog of this chunk is in a transaction that lies whole in it
+        in_txn = 0            # binlogs of the current (generic path) transaction so far
         end = 0               # bytes of framed binlogs in this chunk so far
+        count2 = wire.count_field(2)
+        mheads = wire.META_HEADS
         size = count = 0
         covered = self.after
-        heads = _HEADS
+        heads = wire.HEADS
         unpack_key = _E_KEY.unpack
         unpack_commit = ix.commit_val_unpack
         unpack_head = HEADER.unpack_from
@@ -366,67 +197,81 @@ class CommitReader:
                     cm = read(seg, off, length)
                     wseg, wstart, wbuf = self._w0
                     wlen = len(wbuf)
-                h1 = heads.get(plen) or frame_head(plen)
-                h2 = heads.get(length) or frame_head(length)
+                h1 = heads.get(plen) or wire.frame_head(plen)
+                h2 = heads.get(length) or wire.frame_head(length)
                 append(h1)
                 append(pw)
                 append(h2)
                 append(cm)
                 covered = unpack_key(key)[1]
-                if tag in cm:
-                    positioned.append(len(cts))
-                cts.append(covered)
-                sts.append(start_ts)
-                end += len(h1) + plen + len(h2) + length
-                ends.append(end)
+                if packed:
+                    if tag in cm:
+                        positioned.append(len(cts))
+                    cts.append(covered)
+                    sts.append(start_ts)
+                    end += len(h1) + plen + len(h2) + length
+                    ends.append(end)
+                else:
+                    head = mheads.get(length + 3)
+                    mappend(head if head is not None else wire.meta_head(length + 3))
+                    mappend(cm)
+                    mappend(count2)
                 size += plen + length
                 count += 2
             else:
                 for payloads, commit_ts, txn_end in self._pieces(((key, val),)):
                     for payload in payloads:
-                        head = frame_head(len(payload))
+                        head = wire.frame_head(len(payload))
                         append(head)
                         append(payload)
                         end += len(head) + len(payload)
                         size += len(payload)
                         count += 1
+                    in_txn += len(payloads)
                     if txn_end:
                         covered = commit_ts
-                        try:
-                            last = _from_string(payloads[-1])
-                        except DecodeError:
-                            whole = False   # undescribed: the consumer decodes and reports it
-                            last = pb.Binlog()
-                        if last.tp == pb.FAKE:
-                            fakes.append(len(cts))
-                            sts.append(commit_ts)
+                        if not packed:
+                            metas += wire.txn_meta(payloads[-1], in_txn)
                         else:
-                            if last.HasField("position"):
-                                positioned.append(len(cts))
-                            sts.append(last.start_ts)
-                        cts.append(commit_ts)
-                        ends.append(end)
+                            try:
+                                last = _from_string(payloads[-1])
+                            except DecodeError:
+                                whole = False   # undescribed: the consumer decodes and reports it
+                                last = pb.Binlog()
+                            if last.tp == pb.FAKE:
+                                fakes.append(len(cts))
+                                sts.append(commit_ts)
+                            else:
+                                if last.HasField("position"):
+                                    positioned.append(len(cts))
+                                sts.append(last.start_ts)
+                            cts.append(commit_ts)
+                            ends.append(end)
+                        in_txn = 0
                     elif size >= max_bytes:   # a huge transaction: split, not yet covered
                         yield parts, [], count, covered, False
                         max_bytes = self._max_bytes   # the caller may ask more now
                         parts = []
                         append = parts.append
+                        del metas[:]
                         cts, sts, ends, fakes, positioned = [], [], [], [], []
                         whole = False     # the next chunk starts inside this transaction
                         size = count = end = 0
                 wseg, wstart, wbuf = self._w0
                 wlen = len(wbuf)
             if size >= max_bytes:
-                meta = [packed_meta(cts, sts, ends, fakes, positioned)] if whole else []
-                yield parts, meta, count, covered, False
+                yield (parts, (([wire.packed_meta(cts, sts, ends, fakes, positioned)] if packed
+                                else metas) if whole else []), count, covered, False)
                 max_bytes = self._max_bytes
                 parts = []
                 append = parts.append
+                metas = []
+                mappend = metas.append
                 cts, sts, ends, fakes, positioned = [], [], [], [], []
                 whole = True
                 size = count = end = 0
-        meta = [packed_meta(cts, sts, ends, fakes, positioned)] if whole else []
-        yield parts, meta, count, covered, True
+        yield (parts, (([wire.packed_meta(cts, sts, ends, fakes, positioned)] if packed
+                        else metas) if whole else []), count, covered, True)
 
     def _pinned(self, keys: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         for key in keys:

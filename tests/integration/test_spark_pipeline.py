@@ -43,7 +43,7 @@ NAME = "d-spark"
 # Lease TTL 4 s: a stalled active stops itself 3 s after its last acknowledged keepalive was
 # sent; the standby takes over 5 s after the lease is gone.
 HA = {"ha": True, "alive-ttl": 4, "ha-margin": 1.0}
-EXIT_FENCED = 3   # drainer/server.py: a stale HA drainer's exit code
+EXIT_FENCED = 3   # drainer/node_state.py: a stale HA drainer's exit code
 # The active's second batch stalls this long before its commits: longer than the SIGSTOP
 # takes to be noticed, shorter than the takeover, so on SIGCONT the stale commit thread is
 # ready to go at once and races the process's own fencing exit.

@@ -93,7 +93,7 @@ def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSCluster
             _wait(procs[-1], lambda: online(NodeKind.PUMP, "pump-tls"), "pump online")
             drainer_addr = ""
             try:
-                import sluice.drainer.server  # noqa: F401 - the drainer may not be in this build
+                import sluice.drainer.main  # noqa: F401 - the drainer may not be in this build
             except ModuleNotFoundError:
                 pass
             else:

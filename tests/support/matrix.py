@@ -48,7 +48,7 @@ TSOS = ("tso-1", "tso-2")
 # a loaded 2-core machine: a takeover nobody asked for, and one more Spark session to start.)
 HA = {"ha": True, "alive-ttl": 5, "ha-margin": 1.0}
 TSO_LEASE_S = 3
-EXIT_FENCED = 3                       # drainer/server.py: a stale HA drainer's exit code
+EXIT_FENCED = 3                       # drainer/node_state.py: a stale HA drainer's exit code
 # A Spark session starts in 20-40 s on an idle 2-core machine, minutes when it is loaded.
 SPARK_START_S = 900.0
 # A probe lands in the MySQL downstream within seconds, in Spark within a few batches; both

@@ -18,7 +18,7 @@ from sluice.drainer.columnar import ColumnarMerge, ColumnBatch, Segment, segment
 from sluice.drainer.merger import ConflictingCopies, Merger
 from sluice.drainer.reader import PumpReader
 from sluice.proto import sluice_pb2 as pb
-from sluice.pump.storage.reader import frame_head, packed_meta
+from sluice.core.wire import frame_head, packed_meta
 
 
 def seg_of(items: list[tuple]) -> Segment:

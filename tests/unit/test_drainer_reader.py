@@ -9,7 +9,7 @@ from __future__ import annotations
 from sluice.drainer.reader import PumpReader
 from sluice.drainer.txn import unframe
 from sluice.proto import sluice_pb2 as pb
-from sluice.pump.storage.reader import frame_head, packed_meta, txn_meta
+from sluice.core.wire import frame_head, packed_meta, txn_meta
 from tests.support.binlogs import commit, prewrite
 
 

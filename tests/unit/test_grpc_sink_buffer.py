@@ -16,7 +16,7 @@ from sluice.drainer.columnar import ColumnBatch
 from sluice.drainer.sink import Checkpoint
 from sluice.drainer.sinks.grpc import GrpcSink, GrpcSinkConfig
 from sluice.proto import sluice_pb2 as pb
-from sluice.pump.storage.reader import frame_head
+from sluice.core.wire import frame_head
 
 
 def txn(ct: int, size: int) -> tuple[int, int, bytes]:
