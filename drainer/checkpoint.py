@@ -15,25 +15,19 @@ import logging
 
 from sluice.core.errors import NotFound
 from sluice.core.position import format_position, parse_position
-from sluice.core.registry import NodeKind, NodeStatus, Registry, check_node_id
+from sluice.core.registry import NodeKind, NodeStatus, Registry
 from sluice.drainer.sink import Checkpoint
 from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-__all__ = ["checkpoint_key", "read_checkpoint", "write_checkpoint", "encode_positions",
+__all__ = ["read_checkpoint", "write_checkpoint", "encode_positions",
            "decode_positions"]
-
-
-def checkpoint_key(registry: Registry, name: str) -> str:
-    """The etcd key of drainer `name`'s checkpoint (beside its status and alive keys)."""
-    check_node_id(name)
-    return f"{registry.kind_prefix(NodeKind.DRAINER)}{name}/checkpoint"
 
 
 def read_checkpoint(registry: Registry, name: str) -> Checkpoint | None:
     """The stored checkpoint of drainer `name`, or None if it never saved one (blocking)."""
-    raw, _ = registry.etcd.get(checkpoint_key(registry, name))
+    raw, _ = registry.etcd.get(registry.drainer_checkpoint_key(name))
     if raw is None:
         return None
     return Checkpoint.from_json(raw)
@@ -45,7 +39,7 @@ def write_checkpoint(registry: Registry, name: str, cp: Checkpoint,
 
     Blocking. The status mirror is skipped (with a log line) when the drainer has no status yet.
     """
-    registry.etcd.put(checkpoint_key(registry, name), cp.to_json())
+    registry.etcd.put(registry.drainer_checkpoint_key(name), cp.to_json())
     if not mirror_status:
         return
 

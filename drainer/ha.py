@@ -45,14 +45,14 @@ from typing import Any
 from sluice.core.errors import ConfigError, EtcdUnavailable, NotFound, StaleEpoch
 from sluice.core.etcd import Etcd
 from sluice.core.lease import LeaseKeeper
-from sluice.core.registry import Heartbeat, NodeKind, NodeStatus, Registry, check_node_id
-from sluice.drainer.checkpoint import checkpoint_key, read_checkpoint
+from sluice.core.registry import Heartbeat, NodeKind, NodeStatus, Registry
+from sluice.drainer.checkpoint import read_checkpoint
 from sluice.drainer.sink import Checkpoint
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DrainerFenced", "LeadershipLost", "Term", "Election", "FencedCheckpointStore",
-           "leader_key", "epoch_key", "standby_prefix", "STANDBY_SEGMENT", "read_leader", "read_epoch",
+           "read_leader", "read_epoch",
            "list_standbys"]
 
 
@@ -62,24 +62,6 @@ class DrainerFenced(StaleEpoch):
 
 class LeadershipLost(StaleEpoch):
     """The active drainer's lease is not certainly alive any more."""
-
-
-def leader_key(registry: Registry, name: str) -> str:
-    check_node_id(name)
-    return f"{registry.kind_prefix(NodeKind.DRAINER)}{name}/leader"
-
-
-STANDBY_SEGMENT = "standby"
-
-
-def standby_prefix(registry: Registry, name: str) -> str:
-    check_node_id(name)
-    return f"{registry.kind_prefix(NodeKind.DRAINER)}{name}/{STANDBY_SEGMENT}/"
-
-
-def epoch_key(registry: Registry, name: str) -> str:
-    check_node_id(name)
-    return registry.cluster_key(f"drainer-epochs/{name}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,18 +101,18 @@ class EpochRecord:
 
 
 def read_leader(registry: Registry, name: str) -> LeaderInfo | None:
-    raw, _ = registry.etcd.get(leader_key(registry, name))
+    raw, _ = registry.etcd.get(registry.drainer_leader_key(name))
     return None if raw is None else LeaderInfo.from_json(raw)
 
 
 def read_epoch(registry: Registry, name: str) -> EpochRecord | None:
-    raw, _ = registry.etcd.get(epoch_key(registry, name))
+    raw, _ = registry.etcd.get(registry.drainer_epoch_key(name))
     return None if raw is None else EpochRecord.from_json(raw)
 
 
 def list_standbys(registry: Registry, name: str) -> list[str]:
     """Addresses of the standbys of drainer `name` that are alive now (sorted)."""
-    prefix = standby_prefix(registry, name)
+    prefix = registry.drainer_standby_prefix(name)
     kvs, _ = registry.etcd.get_prefix(prefix)
     return sorted(meta.key.decode()[len(prefix):] for _, meta in kvs)
 
@@ -162,8 +144,8 @@ class Election:
         self.on_lost = on_lost
         self.clock = clock
         self.poll_s = poll_s
-        self.leader_key = leader_key(registry, name)
-        self.epoch_key = epoch_key(registry, name)
+        self.leader_key = registry.drainer_leader_key(name)
+        self.epoch_key = registry.drainer_epoch_key(name)
         self.term: Term | None = None
         self.keeper: LeaseKeeper | None = None
         self._standby_hb: Heartbeat | None = None
@@ -197,7 +179,7 @@ class Election:
 
         Registers a lease-backed standby key while waiting, so `ctl drainers` can show it.
         """
-        self._standby_hb = Heartbeat(self.etcd, standby_prefix(self.registry, self.name) + self.addr,
+        self._standby_hb = Heartbeat(self.etcd, self.registry.drainer_standby_prefix(self.name) + self.addr,
                                      json.dumps({"addr": self.addr, "pid": os.getpid()}),
                                      max(self.ttl, 1))
         self._standby_hb.start()
@@ -364,7 +346,7 @@ class FencedCheckpointStore:
 
     def __init__(self, registry: Registry, name: str, election: Election) -> None:
         self.registry, self.name, self.election = registry, name, election
-        self.key = checkpoint_key(registry, name)
+        self.key = registry.drainer_checkpoint_key(name)
         self.saved: Checkpoint | None = None
 
     def load(self) -> Checkpoint | None:

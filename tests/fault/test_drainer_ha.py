@@ -15,7 +15,7 @@ import pytest
 
 from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, NodeState, Registry
-from sluice.drainer.checkpoint import checkpoint_key, read_checkpoint
+from sluice.drainer.checkpoint import read_checkpoint
 from sluice.drainer.sink import Checkpoint
 from tests.support.cluster import (CLUSTER_ID, Cluster, DrainerHandle, TxnWriter,
                                    check_exactly_once, fresh_ts, load_in_background, read_file_sink,
@@ -148,7 +148,7 @@ def test_sigstop_active_past_ttl_then_sigcont_writes_nothing(cluster: Cluster,
         assert cp_before is not None
         seen: list[Checkpoint] = []
         rev = etcd.revision()
-        watch = etcd.watch_prefix(checkpoint_key(registry, name), lambda resp: seen.extend(
+        watch = etcd.watch_prefix(registry.drainer_checkpoint_key(name), lambda resp: seen.extend(
             Checkpoint.from_json(ev.value) for ev in getattr(resp, "events", []) or []
             if type(ev).__name__ == "PutEvent"), start_revision=rev + 1)
     finally:
