@@ -45,6 +45,8 @@ from typing import Any
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication import binlogstream as _binlogstream
+from pymysqlreplication.binlogstream import MYSQL_EXPECTED_ERROR_CODES
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication.constants.BINLOG import TABLE_MAP_EVENT
 from pymysqlreplication.event import (FormatDescriptionEvent, HeartbeatLogEvent,
                                       MariadbGtidEvent, MariadbGtidListEvent, QueryEvent,
@@ -458,6 +460,7 @@ class _StrictTableMap(dict):
 _PARSE_CACHE_MAX = 4096
 _ROWS_EVENTS = frozenset({23, 24, 25, 30, 31, 32})
 _GTID_EVENT, _XID_EVENT = 162, 16
+_FAST_EVENTS = _ROWS_EVENTS | {TABLE_MAP_EVENT, _GTID_EVENT, _XID_EVENT}
 # MariaDB's compressed events (log_bin_compress=ON): the library has no parser for them and would
 # drop them silently (a DDL or rows lost), so they are refused by name.
 _COMPRESSED_EVENTS = {165: "QUERY_COMPRESSED_EVENT", 166: "WRITE_ROWS_COMPRESSED_EVENT_V1",
@@ -467,18 +470,9 @@ _COMPRESSED_EVENTS = {165: "QUERY_COMPRESSED_EVENT", 166: "WRITE_ROWS_COMPRESSED
 _parse_event = sluice_native.parse_event
 
 
-def _packet_wrapper(pkt: Any, table_map: Any, ctl: Any, mysql_version: Any, use_checksum: bool,
-                    *args: Any, **kwargs: Any) -> Any:
-    """mysql-replication builds every event through this name (binlogstream's import of
-    BinLogPacketWrapper, replaced below). Any other reader (a benchmark's baseline) gets exactly
-    the library's own classes. A strict reader's packet is framed by the native core: rows, GTID
-    and XID events become images the Assembler reads (the library never parses their rows), a
-    TableMap is parsed by the library once per distinct body (a transaction maps every table it
-    touches again: 4 TableMaps in a sysbench transaction, and their parse — column definitions,
-    FULL optional metadata — was 60% of the capture's CPU), everything else by the library."""
-    if not isinstance(table_map, _StrictTableMap):
-        return BinLogPacketWrapper(pkt, table_map, ctl, mysql_version, use_checksum, *args, **kwargs)
-    data = pkt._data
+def _frame(data: bytes, table_map: _StrictTableMap, use_checksum: bool) -> _Image | None:
+    """A binlog packet's event framed by the native core: rows, GTID and XID events, and a
+    TableMap whose body was parsed before; None for anything else (the library parses it)."""
     try:
         h = _parse_event(data, use_checksum)
     except sluice_native.DecodeError as e:
@@ -488,18 +482,9 @@ def _packet_wrapper(pkt: Any, table_map: Any, ctl: Any, mysql_version: Any, use_
         return RowsImage(h[6], h[7], h[8], h[9], h[10], data, h[11], h[5], timestamp=h[1],
                          log_pos=h[4], event_size=h[3])
     if etype == TABLE_MAP_EVENT:
-        body = data[20:h[5]]
-        parsed = table_map.parsed
-        first = parsed.get(body)
-        if first is None:
-            wrapper = BinLogPacketWrapper(pkt, table_map, ctl, mysql_version, use_checksum, *args, **kwargs)
-            first = wrapper.event
-            if first is None:
-                return wrapper
-            if len(parsed) >= _PARSE_CACHE_MAX:
-                parsed.clear()
-            parsed[body] = first
-        return TableMapImage(first, timestamp=h[1], log_pos=h[4], event_size=h[3])
+        first = table_map.parsed.get(data[20:h[5]])
+        return None if first is None else TableMapImage(first, timestamp=h[1], log_pos=h[4],
+                                                        event_size=h[3])
     if etype == _GTID_EVENT:
         return GtidImage(h[7], h[2], h[6], h[8], timestamp=h[1], log_pos=h[4], event_size=h[3])
     if etype == _XID_EVENT:
@@ -509,7 +494,61 @@ def _packet_wrapper(pkt: Any, table_map: Any, ctl: Any, mysql_version: Any, use_
             f"binlog event {_COMPRESSED_EVENTS[etype]} ({table_map.where()}): the source writes "
             "compressed binlog events (log_bin_compress=ON), which the capture cannot read; set "
             "log_bin_compress=OFF on the source")
-    return BinLogPacketWrapper(pkt, table_map, ctl, mysql_version, use_checksum, *args, **kwargs)
+    return None
+
+
+def _packet_wrapper(pkt: Any, table_map: Any, ctl: Any, mysql_version: Any, use_checksum: bool,
+                    *args: Any, **kwargs: Any) -> Any:
+    """mysql-replication builds every event through this name (binlogstream's import of
+    BinLogPacketWrapper, replaced below). Any other reader (a benchmark's baseline) gets exactly
+    the library's own classes. A strict reader's packet is framed by the native core (`_frame`):
+    rows, GTID and XID events become images the Assembler reads (the library never parses their
+    rows); a TableMap is parsed by the library once per distinct body (a transaction maps every
+    table it touches again: 4 TableMaps in a sysbench transaction, and their parse — column
+    definitions, FULL optional metadata — was 60% of the capture's CPU); anything else by the
+    library."""
+    if not isinstance(table_map, _StrictTableMap):
+        return BinLogPacketWrapper(pkt, table_map, ctl, mysql_version, use_checksum, *args, **kwargs)
+    data = pkt._data
+    image = _frame(data, table_map, use_checksum)
+    if image is not None:
+        return image
+    wrapper = BinLogPacketWrapper(pkt, table_map, ctl, mysql_version, use_checksum, *args, **kwargs)
+    if wrapper.event_type == TABLE_MAP_EVENT and wrapper.event is not None:
+        parsed = table_map.parsed
+        if len(parsed) >= _PARSE_CACHE_MAX:
+            parsed.clear()
+        first = parsed[data[20:len(data) - (4 if use_checksum else 0)]] = wrapper.event
+        return TableMapImage(first, timestamp=wrapper.timestamp, log_pos=wrapper.log_pos,
+                             event_size=wrapper.event_size)
+    return wrapper
+
+
+def _read_payload(conn: Any) -> bytes:
+    """One MySQL packet's payload from a pymysql connection, as its `_read_packet` reads it (the
+    same sequence check, the same errors: `_read_bytes` raises OperationalError 2013 on a lost
+    connection or a read timeout) without building a MysqlPacket."""
+    if conn._current_timeout != conn._read_timeout:
+        conn._sock.settimeout(conn._read_timeout)
+        conn._current_timeout = conn._read_timeout
+    read = conn._read_bytes
+    parts: list[bytes] = []
+    while True:
+        h = read(4)
+        if h[3] != conn._next_seq_id:
+            conn._force_close()
+            if h[3] == 0:   # MariaDB sends its error packet with seqno 0 when it shuts down
+                raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+            raise pymysql.err.InternalError(f"Packet sequence number wrong - got {h[3]} expected "
+                                            f"{conn._next_seq_id}")
+        conn._next_seq_id = (h[3] + 1) & 255
+        n = h[0] | h[1] << 8 | h[2] << 16
+        data = read(n)
+        if n < 0xFFFFFF and not parts:
+            return data
+        parts.append(data)
+        if n < 0xFFFFFF:      # an event over 16 MB comes in several packets
+            return b"".join(parts)
 
 
 _binlogstream.BinLogPacketWrapper = _packet_wrapper  # type: ignore[assignment]
@@ -531,6 +570,7 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
     def __init__(self, *args: Any, where: Callable[[], str] = lambda: "?", **kwargs: Any) -> None:
         self._where = where
         self._strict = _StrictTableMap(where)
+        self._pending: MysqlPacket | None = None
         super().__init__(*args, **kwargs)
         # The natively framed events are what `fetchone` returns for rows, TableMaps, GTIDs, XIDs.
         for attr in ("_BinLogStreamReader__allowed_events_in_packet",
@@ -546,6 +586,47 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
                                      "resuming from the last committed position")
         self._connected_once = True
         BinLogStreamReader._BinLogStreamReader__connect_to_stream(self)  # type: ignore[attr-defined]
+        # A packet `fetchone` read but leaves to the library is handed to it by its own read.
+        conn = self._stream_connection
+        read_packet = conn._read_packet
+
+        def pending_first(packet_type: Any = MysqlPacket) -> Any:
+            p = self._pending
+            if p is None:
+                return read_packet(packet_type)
+            self._pending = None
+            if p.is_error_packet():
+                p.raise_for_error()
+            return p
+        conn._read_packet = pending_first
+
+    def fetchone(self) -> Any:
+        """The next event. On a connected stream the packet is read here and the events the
+        native core frames (rows, GTID, XID, a TableMap parsed before: 9 of a sysbench
+        transaction's 10) are returned directly; any other packet (rotate, format description,
+        query, heartbeat, a first TableMap, the end of the stream, an error) goes to the
+        library's `fetchone`, which reads it as its next packet and handles it as always."""
+        if (self._BinLogStreamReader__connected_stream and self._pending is None  # type: ignore[attr-defined]
+                and self._BinLogStreamReader__connected_ctl and not self.end_log_pos  # type: ignore[attr-defined]
+                and not self.skip_to_timestamp):
+            conn = self._stream_connection
+            try:
+                data = _read_payload(conn)
+            except pymysql.OperationalError as e:
+                if e.args[0] not in MYSQL_EXPECTED_ERROR_CODES:
+                    raise
+                # what the library does with a lost connection: it reconnects (refused above)
+                conn.close()
+                self._BinLogStreamReader__connected_stream = False
+                return super().fetchone()
+            if len(data) > 19 and data[0] == 0 and data[5] in _FAST_EVENTS:
+                image = _frame(data, self._strict, self._BinLogStreamReader__use_checksum)  # type: ignore[attr-defined]
+                if image is not None:
+                    if image.log_pos:
+                        self.log_pos = image.log_pos
+                    return image
+            self._pending = MysqlPacket(data, conn.encoding)
+        return super().fetchone()
 
     @property  # type: ignore[override]
     def table_map(self) -> _StrictTableMap:
