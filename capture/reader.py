@@ -468,6 +468,7 @@ _COMPRESSED_EVENTS = {165: "QUERY_COMPRESSED_EVENT", 166: "WRITE_ROWS_COMPRESSED
                       169: "WRITE_ROWS_COMPRESSED_EVENT", 170: "UPDATE_ROWS_COMPRESSED_EVENT",
                       171: "DELETE_ROWS_COMPRESSED_EVENT"}
 _parse_event = sluice_native.parse_event
+_split_packets = sluice_native.split_packets
 
 
 def _frame(data: bytes, table_map: _StrictTableMap, use_checksum: bool) -> _Image | None:
@@ -524,31 +525,8 @@ def _packet_wrapper(pkt: Any, table_map: Any, ctl: Any, mysql_version: Any, use_
     return wrapper
 
 
-def _read_payload(conn: Any) -> bytes:
-    """One MySQL packet's payload from a pymysql connection, as its `_read_packet` reads it (the
-    same sequence check, the same errors: `_read_bytes` raises OperationalError 2013 on a lost
-    connection or a read timeout) without building a MysqlPacket."""
-    if conn._current_timeout != conn._read_timeout:
-        conn._sock.settimeout(conn._read_timeout)
-        conn._current_timeout = conn._read_timeout
-    read = conn._read_bytes
-    parts: list[bytes] = []
-    while True:
-        h = read(4)
-        if h[3] != conn._next_seq_id:
-            conn._force_close()
-            if h[3] == 0:   # MariaDB sends its error packet with seqno 0 when it shuts down
-                raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
-            raise pymysql.err.InternalError(f"Packet sequence number wrong - got {h[3]} expected "
-                                            f"{conn._next_seq_id}")
-        conn._next_seq_id = (h[3] + 1) & 255
-        n = h[0] | h[1] << 8 | h[2] << 16
-        data = read(n)
-        if n < 0xFFFFFF and not parts:
-            return data
-        parts.append(data)
-        if n < 0xFFFFFF:      # an event over 16 MB comes in several packets
-            return b"".join(parts)
+_READ_CHUNK = 256 * 1024
+_LOST = "Lost connection to MySQL server during query"
 
 
 _binlogstream.BinLogPacketWrapper = _packet_wrapper  # type: ignore[assignment]
@@ -571,6 +549,10 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
         self._where = where
         self._strict = _StrictTableMap(where)
         self._pending: MysqlPacket | None = None
+        self._packets: list[bytes] = []     # payloads split from the last read, and the next one
+        self._next = 0
+        self._rest = b""                    # an incomplete packet at the end of the last read
+        self._bad_seq = -1
         super().__init__(*args, **kwargs)
         # The natively framed events are what `fetchone` returns for rows, TableMaps, GTIDs, XIDs.
         for attr in ("_BinLogStreamReader__allowed_events_in_packet",
@@ -586,22 +568,68 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
                                      "resuming from the last committed position")
         self._connected_once = True
         BinLogStreamReader._BinLogStreamReader__connect_to_stream(self)  # type: ignore[attr-defined]
-        # A packet `fetchone` read but leaves to the library is handed to it by its own read.
+        # The library reads its packets (the ones `fetchone` leaves to it) from the same buffer.
         conn = self._stream_connection
-        read_packet = conn._read_packet
 
-        def pending_first(packet_type: Any = MysqlPacket) -> Any:
+        def read_packet(packet_type: Any = MysqlPacket) -> Any:
             p = self._pending
             if p is None:
-                return read_packet(packet_type)
-            self._pending = None
+                p = MysqlPacket(self._next_payload(), conn.encoding)
+            else:
+                self._pending = None
             if p.is_error_packet():
                 p.raise_for_error()
             return p
-        conn._read_packet = pending_first
+        conn._read_packet = read_packet
+
+    def _next_payload(self) -> bytes:
+        i = self._next
+        if i < len(self._packets):
+            self._next = i + 1
+            return self._packets[i]
+        return self._refill()
+
+    def _refill(self) -> bytes:
+        """Reads what the dump connection has (up to 256 KB at once) and splits it into packet
+        payloads natively; pymysql's errors and sequence check as in its `_read_packet` (a lost
+        connection or a read timeout is OperationalError 2013, the connection force-closed)."""
+        conn = self._stream_connection
+        while True:
+            if self._bad_seq >= 0:
+                bad, self._bad_seq = self._bad_seq, -1
+                conn._force_close()
+                if bad == 0:   # MariaDB sends its error packet with seqno 0 when it shuts down
+                    raise pymysql.err.OperationalError(2013, _LOST)
+                raise pymysql.err.InternalError(f"Packet sequence number wrong - got {bad} expected "
+                                                f"{conn._next_seq_id}")
+            if conn._current_timeout != conn._read_timeout:
+                conn._sock.settimeout(conn._read_timeout)
+                conn._current_timeout = conn._read_timeout
+            rest = self._rest
+            # a packet bigger than what is buffered: read the rest of it at once
+            missing = 4 + (rest[0] | rest[1] << 8 | rest[2] << 16) - len(rest) if len(rest) >= 4 else 0
+            try:
+                chunk = conn._rfile.read(missing) if missing > 0 else conn._rfile.read1(_READ_CHUNK)
+            except InterruptedError:
+                continue
+            except OSError as e:
+                conn._force_close()
+                raise pymysql.err.OperationalError(2013, f"{_LOST} ({e})") from None
+            except BaseException:
+                conn._force_close()
+                raise
+            if not chunk or len(chunk) < missing:
+                conn._force_close()
+                raise pymysql.err.OperationalError(2013, _LOST)
+            buf = rest + chunk if rest else chunk
+            packets, used, conn._next_seq_id, self._bad_seq = _split_packets(buf, conn._next_seq_id)
+            self._rest = buf[used:]
+            if packets:
+                self._packets, self._next = packets, 1
+                return packets[0]
 
     def fetchone(self) -> Any:
-        """The next event. On a connected stream the packet is read here and the events the
+        """The next event. On a connected stream the packet is taken here and the events the
         native core frames (rows, GTID, XID, a TableMap parsed before: 9 of a sysbench
         transaction's 10) are returned directly; any other packet (rotate, format description,
         query, heartbeat, a first TableMap, the end of the stream, an error) goes to the
@@ -609,23 +637,28 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
         if (self._BinLogStreamReader__connected_stream and self._pending is None  # type: ignore[attr-defined]
                 and self._BinLogStreamReader__connected_ctl and not self.end_log_pos  # type: ignore[attr-defined]
                 and not self.skip_to_timestamp):
-            conn = self._stream_connection
-            try:
-                data = _read_payload(conn)
-            except pymysql.OperationalError as e:
-                if e.args[0] not in MYSQL_EXPECTED_ERROR_CODES:
-                    raise
-                # what the library does with a lost connection: it reconnects (refused above)
-                conn.close()
-                self._BinLogStreamReader__connected_stream = False
-                return super().fetchone()
+            i = self._next
+            if i < len(self._packets):
+                self._next = i + 1
+                data = self._packets[i]
+            else:
+                conn = self._stream_connection
+                try:
+                    data = self._refill()
+                except pymysql.OperationalError as e:
+                    if e.args[0] not in MYSQL_EXPECTED_ERROR_CODES:
+                        raise
+                    # what the library does with a lost connection: it reconnects (refused above)
+                    conn.close()
+                    self._BinLogStreamReader__connected_stream = False
+                    return super().fetchone()
             if len(data) > 19 and data[0] == 0 and data[5] in _FAST_EVENTS:
                 image = _frame(data, self._strict, self._BinLogStreamReader__use_checksum)  # type: ignore[attr-defined]
                 if image is not None:
                     if image.log_pos:
                         self.log_pos = image.log_pos
                     return image
-            self._pending = MysqlPacket(data, conn.encoding)
+            self._pending = MysqlPacket(data, self._stream_connection.encoding)
         return super().fetchone()
 
     @property  # type: ignore[override]

@@ -20,7 +20,7 @@
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 
 create_exception!(sluice_native, DecodeError, PyValueError, "A row image that does not match its column specs.");
 
@@ -781,10 +781,63 @@ fn parse_event<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>, checksum: bool)
     head.into_pyobject(py)
 }
 
+/// The complete MySQL packets at the start of `buf` (bytes read from a connection), the first
+/// with sequence number `seq` -> `(payloads, consumed, next_seq, bad_seq)`: each payload as one
+/// bytes object (a payload of 16 MB or more comes in several packets: joined), `consumed` the
+/// bytes they took (an incomplete packet at the end stays for the next read), `bad_seq` the
+/// sequence number of the first packet out of order (the payloads before it are returned, its
+/// payload is not consumed), or -1.
+#[pyfunction]
+fn split_packets<'py>(py: Python<'py>, buf: &[u8], seq: u8) -> PyResult<(Bound<'py, PyList>, usize, u8, i32)> {
+    const MAX: usize = 0xFF_FFFF;
+    let out = PyList::empty(py);
+    let (mut pos, mut seq) = (0usize, seq);
+    let mut joined: Vec<u8> = Vec::new();
+    loop {
+        // one logical payload: packets while their length is the maximum
+        let (mut p, mut s) = (pos, seq);
+        let mut parts: Vec<(usize, usize)> = Vec::new();
+        let complete = loop {
+            if p + 4 > buf.len() {
+                break false;
+            }
+            let n = le(&buf[p..p + 3]) as usize;
+            if buf[p + 3] != s {
+                return Ok((out, pos, seq, buf[p + 3] as i32));
+            }
+            if p + 4 + n > buf.len() {
+                break false;
+            }
+            parts.push((p + 4, p + 4 + n));
+            p += 4 + n;
+            s = s.wrapping_add(1);
+            if n < MAX {
+                break true;
+            }
+        };
+        if !complete {
+            return Ok((out, pos, seq, -1));
+        }
+        let payload = if parts.len() == 1 {
+            PyBytes::new(py, &buf[parts[0].0..parts[0].1])
+        } else {
+            joined.clear();
+            for (a, b) in &parts {
+                joined.extend_from_slice(&buf[*a..*b]);
+            }
+            PyBytes::new(py, &joined)
+        };
+        out.append(payload)?;
+        pos = p;
+        seq = s;
+    }
+}
+
 #[pymodule]
 fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RowDecoder>()?;
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
+    m.add_function(wrap_pyfunction!(split_packets, m)?)?;
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
     Ok(())
 }

@@ -495,3 +495,23 @@ def test_row_images_are_decoded_in_place_from_the_packet() -> None:
         dec.decode(data, pb.INSERT, 6, 6 + 3)
     with pytest.raises(ValueError, match="outside a buffer"):
         dec.decode(data, pb.INSERT, 6, len(data) + 1)
+
+
+def test_packets_are_split_by_their_headers() -> None:
+    """split_packets: complete packets only (an incomplete one stays for the next read), the
+    sequence numbers checked and carried (wrapping at 256), a payload of 16 MB or more joined
+    from its packets, and the first packet out of order reported, not consumed."""
+    def pk(payload: bytes, seq: int) -> bytes:
+        return len(payload).to_bytes(3, "little") + bytes([seq & 255]) + payload
+    a, b = b"\x00event-a", b"\x00" + b"b" * 300
+    buf = pk(a, 254) + pk(b, 255) + pk(b"\x00next", 0)[:6]
+    got, used, seq, bad = sluice_native.split_packets(buf, 254)
+    assert (got, used, seq, bad) == ([a, b], len(pk(a, 0)) + len(pk(b, 0)), 0, -1)
+    assert sluice_native.split_packets(buf[used:] + b"ext", 0) == ([b"\x00next"], 9, 1, -1)
+    big = b"\x00" + b"x" * (0xFFFFFF - 1)
+    joined = pk(big, 3) + pk(b"tail", 4) + pk(b"\xfe", 5)
+    got, used, seq, bad = sluice_native.split_packets(joined, 3)
+    assert [len(g) for g in got] == [0xFFFFFF + 4, 1] and got[0] == big + b"tail" and (used, seq, bad) == (len(joined), 6, -1)
+    assert sluice_native.split_packets(pk(big, 3)[:100], 3) == ([], 0, 3, -1)
+    assert sluice_native.split_packets(pk(a, 7) + pk(b, 9), 7) == ([a], len(pk(a, 7)), 8, 9)
+    assert sluice_native.split_packets(pk(a, 0), 5) == ([], 0, 5, 0)
