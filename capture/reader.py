@@ -6,13 +6,15 @@ transaction's GTID and position), never skipped. The resume position of every tr
 first event (the GTID event).
 
 mysql-replication silently drops a rows event whose table_id it has no TableMap for (its
-RowsEvent catches the KeyError and marks itself unprocessed). We close that hole where it
-happens: `StrictBinLogStreamReader.table_map` is a property whose dict raises UnknownTableId from
-`__missing__` (not a KeyError, so the library's `except KeyError` does not swallow it), and the
-property re-wraps the plain `{}` the library assigns at every rotate. On top of that the
-Assembler keeps its own per-transaction TableMap cache, cleared at XID / COMMIT / a standalone
-DDL, and raises the same error if a rows event is not in it. The library's cache is cleared at the
-same points, so both agree that a TableMap lives for one transaction.
+RowsEvent catches the KeyError and marks itself unprocessed). The strict reader never lets the
+library parse a rows event: `StrictBinLogStreamReader.fetchone` reads the dump connection's
+packets itself (split natively: `sluice_native.split_packets`) and the native core frames rows,
+GTID and XID events and known TableMaps (`sluice_native.parse_event`) into images; the Assembler
+looks a rows event's table_id up in its own per-transaction TableMap cache, cleared at XID /
+COMMIT / a standalone DDL, and raises UnknownTableId if it is not there. Every other packet goes
+to the library's `fetchone` as before. `table_map` stays a strict dict (`__missing__` raises
+UnknownTableId, not a KeyError) for whatever library code still reads it, and it is cleared at
+the same points.
 
 Transaction boundaries on MariaDB: a GTID event starts every event group (there is no BEGIN query
 event); a transactional group ends with an XID event, a non-transactional one (MyISAM rows) with a
@@ -212,7 +214,7 @@ class RowsImage(_Image):
     __slots__ = ("tp", "table_id", "number_of_columns", "present", "present2", "data", "start", "end")
 
     def __init__(self, tp: int, table_id: int, number_of_columns: int, present: bytes,
-                 present2: bytes | None, data: bytes, start: int, end: int, *, timestamp: int = 0,
+                 present2: bytes | None, data: bytes, start: int, end: int, timestamp: int = 0,
                  log_pos: int = 0, event_size: int = 0) -> None:
         self.tp, self.table_id, self.number_of_columns = tp, table_id, number_of_columns
         self.present, self.present2 = present, present2
@@ -225,7 +227,7 @@ class GtidImage(_Image):
 
     __slots__ = ("gtid", "domain_id", "server_id", "gtid_seq_no", "flags")
 
-    def __init__(self, domain_id: int, server_id: int, gtid_seq_no: int, flags: int, *,
+    def __init__(self, domain_id: int, server_id: int, gtid_seq_no: int, flags: int,
                  timestamp: int = 0, log_pos: int = 0, event_size: int = 0) -> None:
         self.gtid = f"{domain_id}-{server_id}-{gtid_seq_no}"
         self.domain_id, self.server_id, self.gtid_seq_no, self.flags = domain_id, server_id, gtid_seq_no, flags
@@ -237,7 +239,7 @@ class XidImage(_Image):
 
     __slots__ = ("xid",)
 
-    def __init__(self, xid: int, *, timestamp: int = 0, log_pos: int = 0, event_size: int = 0) -> None:
+    def __init__(self, xid: int, timestamp: int = 0, log_pos: int = 0, event_size: int = 0) -> None:
         self.xid = xid
         self.timestamp, self.log_pos, self.event_size = timestamp, log_pos, event_size
 
@@ -249,7 +251,7 @@ class TableMapImage(_Image):
     __slots__ = ("table",)
     event_type = TABLE_MAP_EVENT
 
-    def __init__(self, table: Any, *, timestamp: int = 0, log_pos: int = 0, event_size: int = 0) -> None:
+    def __init__(self, table: Any, timestamp: int = 0, log_pos: int = 0, event_size: int = 0) -> None:
         self.table = table
         self.timestamp, self.log_pos, self.event_size = timestamp, log_pos, event_size
 
@@ -480,16 +482,14 @@ def _frame(data: bytes, table_map: _StrictTableMap, use_checksum: bool) -> _Imag
         raise BinlogProtocolError(f"{e} ({table_map.where()})") from None
     etype = h[0]
     if etype in _ROWS_EVENTS:
-        return RowsImage(h[6], h[7], h[8], h[9], h[10], data, h[11], h[5], timestamp=h[1],
-                         log_pos=h[4], event_size=h[3])
+        return RowsImage(h[6], h[7], h[8], h[9], h[10], data, h[11], h[5], h[1], h[4], h[3])
     if etype == TABLE_MAP_EVENT:
         first = table_map.parsed.get(data[20:h[5]])
-        return None if first is None else TableMapImage(first, timestamp=h[1], log_pos=h[4],
-                                                        event_size=h[3])
+        return None if first is None else TableMapImage(first, h[1], h[4], h[3])
     if etype == _GTID_EVENT:
-        return GtidImage(h[7], h[2], h[6], h[8], timestamp=h[1], log_pos=h[4], event_size=h[3])
+        return GtidImage(h[7], h[2], h[6], h[8], h[1], h[4], h[3])
     if etype == _XID_EVENT:
-        return XidImage(h[6], timestamp=h[1], log_pos=h[4], event_size=h[3])
+        return XidImage(h[6], h[1], h[4], h[3])
     if etype in _COMPRESSED_EVENTS:
         raise BinlogProtocolError(
             f"binlog event {_COMPRESSED_EVENTS[etype]} ({table_map.where()}): the source writes "
