@@ -5,8 +5,11 @@ a rows event whose table_id has no TableMap there is fatal (UnknownTableId, nami
 transaction's GTID and position), never skipped. The resume position of every transaction is its
 first event (the GTID event). A transaction cut by a lost connection is dropped whole.
 
-Where MariaDB transactions begin and end, and how the library's silent skip of unknown table ids
-and its short COM_BINLOG_DUMP packet are fixed: docs/capture.md ("Reading the binlog", "How the
+Rows, GTID and XID events and known TableMaps are framed by the native core
+(`sluice_native.parse_event`, packets split by `sluice_native.split_packets`): the library never
+parses a rows event, so its silent skip of unknown table ids cannot happen; the Assembler's own
+per-transaction TableMap cache raises UnknownTableId. Where MariaDB transactions begin and end,
+and the library's short COM_BINLOG_DUMP packet: docs/capture.md ("Reading the binlog", "How the
 unknown-table_id hole in mysql-replication is closed", "Source connection").
 """
 from __future__ import annotations
@@ -22,8 +25,10 @@ from typing import Any
 import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication import binlogstream as _binlogstream
+from pymysqlreplication.binlogstream import MYSQL_EXPECTED_ERROR_CODES
+from pymysql.protocol import MysqlPacket
 from pymysqlreplication.constants.BINLOG import TABLE_MAP_EVENT
-from pymysqlreplication.event import (BinLogEvent, FormatDescriptionEvent, HeartbeatLogEvent,
+from pymysqlreplication.event import (FormatDescriptionEvent, HeartbeatLogEvent,
                                       MariadbGtidEvent, MariadbGtidListEvent, QueryEvent,
                                       RotateEvent, XidEvent)
 from pymysqlreplication.packet import BinLogPacketWrapper
@@ -31,7 +36,7 @@ from pymysqlreplication.row_event import (DeleteRowsEvent, TableMapEvent, Update
                                           WriteRowsEvent)
 
 from sluice.capture.schema import SchemaTracker, TableEntry, version_of
-from sluice.capture.types import UndecodableRow
+from sluice.capture.types import UndecodableRow, sluice_native
 from sluice.core.errors import SluiceError
 from sluice.core.marks import APPLY_MARK
 from sluice.proto import sluice_pb2 as pb
@@ -164,13 +169,79 @@ class _Open:
         return f"GTID {self.gtid} at {self.file}:{self.offset}"
 
 
-def _rows_body(ev: Any) -> bytes:
-    """The undecoded row images of a rows event (the library has read the header and bitmaps)."""
-    body = getattr(ev, "body", None)
-    if body is not None:        # synthetic events in tests
-        return body
-    pk = ev.packet
-    return pk.read(ev.event_size - pk.read_bytes)
+# ------------------------------------------------------------------------------------------------
+# the events the native core frames (sluice_native.parse_event): what the Assembler reads of them
+# ------------------------------------------------------------------------------------------------
+
+class _Image:
+    """An event framed natively. It is its own packet wrapper for the library's `fetchone`
+    (`event_type`, `log_pos`, `timestamp`, `event`), so one object is made per event."""
+
+    __slots__ = ("timestamp", "log_pos", "event_size")
+    event_type = -1
+
+    @property
+    def event(self) -> _Image:
+        return self
+
+
+class RowsImage(_Image):
+    """A WRITE/UPDATE/DELETE rows event (v1: MariaDB; v2: MySQL): its post-header, and where
+    its row images are in the packet (`data[start:end]`), not yet decoded."""
+
+    __slots__ = ("tp", "table_id", "number_of_columns", "present", "present2", "data", "start", "end")
+
+    def __init__(self, tp: int, table_id: int, number_of_columns: int, present: bytes,
+                 present2: bytes | None, data: bytes, start: int, end: int, timestamp: int = 0,
+                 log_pos: int = 0, event_size: int = 0) -> None:
+        self.tp, self.table_id, self.number_of_columns = tp, table_id, number_of_columns
+        self.present, self.present2 = present, present2
+        self.data, self.start, self.end = data, start, end
+        self.timestamp, self.log_pos, self.event_size = timestamp, log_pos, event_size
+
+
+class GtidImage(_Image):
+    """A MariaDB GTID event: it starts every event group."""
+
+    __slots__ = ("gtid", "domain_id", "server_id", "gtid_seq_no", "flags")
+
+    def __init__(self, domain_id: int, server_id: int, gtid_seq_no: int, flags: int,
+                 timestamp: int = 0, log_pos: int = 0, event_size: int = 0) -> None:
+        self.gtid = f"{domain_id}-{server_id}-{gtid_seq_no}"
+        self.domain_id, self.server_id, self.gtid_seq_no, self.flags = domain_id, server_id, gtid_seq_no, flags
+        self.timestamp, self.log_pos, self.event_size = timestamp, log_pos, event_size
+
+
+class XidImage(_Image):
+    """An XID event: the commit of a transactional event group."""
+
+    __slots__ = ("xid",)
+
+    def __init__(self, xid: int, timestamp: int = 0, log_pos: int = 0, event_size: int = 0) -> None:
+        self.xid = xid
+        self.timestamp, self.log_pos, self.event_size = timestamp, log_pos, event_size
+
+
+class TableMapImage(_Image):
+    """A TableMap event: `table` is the library's parse of the first event with an equal body
+    (shared by all of them: see `_packet_wrapper`), the header is this event's own."""
+
+    __slots__ = ("table",)
+    event_type = TABLE_MAP_EVENT
+
+    def __init__(self, table: Any, timestamp: int = 0, log_pos: int = 0, event_size: int = 0) -> None:
+        self.table = table
+        self.timestamp, self.log_pos, self.event_size = timestamp, log_pos, event_size
+
+    @property
+    def table_id(self) -> int:
+        return self.table.table_id
+
+    def get_table(self) -> Any:
+        return self.table.table_obj
+
+
+_IMAGES = (RowsImage, GtidImage, XidImage, TableMapImage)
 
 
 class Assembler:
@@ -194,34 +265,40 @@ class Assembler:
         return f"{base}, after the event ending at {self.file}:{self.last_event_end}"
 
     def feed(self, ev: Any) -> SourceTxn | None:
+        cls = type(ev)
+        if cls in _IMAGES:
+            if ev.log_pos:
+                self.last_event_end = ev.log_pos
+            if ev.timestamp:
+                self.last_event_ts = ev.timestamp
+            if cls is RowsImage:
+                self._rows(ev)
+                return None
+            if cls is TableMapImage:
+                t = self._need_txn("TableMap")
+                entry, declare = self.tracker.on_table_map(ev.table, version_of(t.file_seq, t.offset))
+                self._maps[ev.table.table_id] = entry
+                if declare is not None and all(s.table_id != declare.table_id for s in t.snapshots):
+                    t.snapshots.append(declare)
+                return None
+            if cls is GtidImage:
+                if self._txn is not None:
+                    raise BinlogProtocolError(f"GTID {ev.gtid} starts while {self._txn.where()} has "
+                                              "not ended (no XID/COMMIT seen)")
+                offset = (ev.log_pos - ev.event_size) if ev.log_pos else 0
+                self._txn = _Open(gtid=ev.gtid, domain=ev.domain_id, server_id=ev.server_id,
+                                  seq=ev.gtid_seq_no, standalone=bool(ev.flags & _FL_STANDALONE),
+                                  file=self.file, file_seq=self.file_seq, offset=offset,
+                                  ts=ev.timestamp)
+                return None
+            return self._finish()   # XidImage
+        # the events the library parses (query, rotate, format description, heartbeat, ...)
         pk = getattr(ev, "packet", None)
         if pk is not None and getattr(pk, "log_pos", 0):
             self.last_event_end = pk.log_pos
         ts = getattr(ev, "timestamp", 0)
         if ts:
             self.last_event_ts = ts
-        if isinstance(ev, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
-            self._rows(ev)
-            return None
-        if isinstance(ev, TableMapEvent):
-            t = self._need_txn("TableMap")
-            entry, declare = self.tracker.on_table_map(ev, version_of(t.file_seq, t.offset))
-            self._maps[ev.table_id] = entry
-            if declare is not None and all(s.table_id != declare.table_id for s in t.snapshots):
-                t.snapshots.append(declare)
-            return None
-        if isinstance(ev, MariadbGtidEvent):
-            if self._txn is not None:
-                raise BinlogProtocolError(f"GTID {ev.gtid} starts while {self._txn.where()} has not "
-                                          "ended (no XID/COMMIT seen)")
-            size = getattr(pk, "event_size", 0)
-            offset = (pk.log_pos - size) if pk is not None and pk.log_pos else 0
-            self._txn = _Open(gtid=ev.gtid, domain=ev.domain_id, server_id=ev.server_id,
-                              seq=ev.gtid_seq_no, standalone=bool(ev.flags & _FL_STANDALONE),
-                              file=self.file, file_seq=self.file_seq, offset=offset, ts=ev.timestamp)
-            return None
-        if isinstance(ev, XidEvent):
-            return self._finish()
         if isinstance(ev, QueryEvent):
             return self._query(ev)
         if isinstance(ev, RotateEvent):
@@ -243,13 +320,12 @@ class Assembler:
             raise BinlogProtocolError(f"{what} event outside a transaction ({self.where()})")
         return self._txn
 
-    def _rows(self, ev: Any) -> None:
+    def _rows(self, ev: RowsImage) -> None:
         t = self._need_txn("rows")
         entry = self._maps.get(ev.table_id)
         if entry is None:
             raise UnknownTableId(ev.table_id, self.where())
-        body = _rows_body(ev)
-        t.size += len(body)
+        t.size += ev.end - ev.start
         if entry.info is None or entry.decoder is None:
             if self.tracker.filter.marks(entry.db, entry.table):
                 t.marked = True
@@ -258,19 +334,15 @@ class Assembler:
         if ev.number_of_columns != dec.ncols:
             raise UndecodableRow(f"{dec.where}: rows event has {ev.number_of_columns} columns, its "
                                  f"TableMap {dec.ncols} ({self.where()})")
-        if isinstance(ev, UpdateRowsEvent):
-            dec.check_present(ev.columns_present_bitmap, "before")
-            dec.check_present(ev.columns_present_bitmap2, "after")
-            tp = pb.UPDATE
-        elif isinstance(ev, WriteRowsEvent):
-            dec.check_present(ev.columns_present_bitmap, "inserted")
-            tp = pb.INSERT
+        tp = ev.tp
+        if tp == pb.UPDATE:
+            dec.check_present(ev.present, "before")
+            dec.check_present(ev.present2, "after")
         else:
-            dec.check_present(ev.columns_present_bitmap, "deleted")
-            tp = pb.DELETE
+            dec.check_present(ev.present, "inserted" if tp == pb.INSERT else "deleted")
         try:
             # One native call per event: the RowChanges' protobuf bytes, every byte consumed.
-            changes, _ = dec.decode(body, tp)
+            changes, _ = dec.decode(ev.data, tp, ev.start, ev.end)
         except UndecodableRow as e:
             raise UndecodableRow(f"{e} ({self.where()})") from None
         muts = t.mutations
@@ -358,61 +430,81 @@ class _StrictTableMap(dict):
                  parsed: dict[bytes, TableMapEvent] | None = None) -> None:
         super().__init__()
         self.where = where
-        # TableMap event body -> the first event parsed from it (see _ParsedOnceTableMapEvent).
+        # TableMap event body -> the first event parsed from it (see _packet_wrapper).
         self.parsed: dict[bytes, TableMapEvent] = parsed if parsed is not None else {}
 
     def __missing__(self, table_id: int) -> Any:
         raise UnknownTableId(table_id, self.where())
 
 
-# What a TableMapEvent's parse sets beyond the event header (BinLogEvent.__init__ sets those);
-# `_sluice_key` is the schema tracker's signature of the columns, memoised with them.
-_TABLEMAP_FIELDS = ("table_id", "flags", "schema_length", "schema", "table_length", "table",
-                    "column_count", "columns", "null_bitmask", "table_obj", "optional_metadata",
-                    "_sluice_key")
 _PARSE_CACHE_MAX = 4096
+_ROWS_EVENTS = frozenset({23, 24, 25, 30, 31, 32})
+_GTID_EVENT, _XID_EVENT = 162, 16
+_FAST_EVENTS = _ROWS_EVENTS | {TABLE_MAP_EVENT, _GTID_EVENT, _XID_EVENT}
+# MariaDB's compressed events (log_bin_compress=ON): the library has no parser for them and would
+# drop them silently (a DDL or rows lost), so they are refused by name.
+_COMPRESSED_EVENTS = {165: "QUERY_COMPRESSED_EVENT", 166: "WRITE_ROWS_COMPRESSED_EVENT_V1",
+                      167: "UPDATE_ROWS_COMPRESSED_EVENT_V1", 168: "DELETE_ROWS_COMPRESSED_EVENT_V1",
+                      169: "WRITE_ROWS_COMPRESSED_EVENT", 170: "UPDATE_ROWS_COMPRESSED_EVENT",
+                      171: "DELETE_ROWS_COMPRESSED_EVENT"}
+_parse_event = sluice_native.parse_event
+_split_packets = sluice_native.split_packets
 
 
-class _ParsedOnceTableMapEvent(TableMapEvent):
-    """A TableMap event of a strict reader, parsed once per distinct body.
-
-    A transaction maps every table it touches again (4 TableMaps in a sysbench transaction), and
-    the library's parse of one — column definitions, FULL optional metadata — was 60% of the
-    capture's decoding CPU. Equal bodies (same table id, names, types and metadata) parse to
-    equal events, so later ones copy the first one's fields; the header fields (timestamp,
-    size) are still read from their own packet."""
-
-    def __init__(self, from_packet: Any, event_size: int, table_map: Any, ctl_connection: Any,
-                 **kwargs: Any) -> None:
-        parsed = getattr(table_map, "parsed", None)
-        pk = from_packet.packet
-        body = bytes(pk._data[pk._position:pk._position + event_size])
-        first = parsed.get(body) if parsed is not None else None
-        if first is None:
-            super().__init__(from_packet, event_size, table_map, ctl_connection, **kwargs)
-            if parsed is not None and self._processed:
-                if len(parsed) >= _PARSE_CACHE_MAX:
-                    parsed.clear()
-                parsed[body] = self
-            return
-        BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **kwargs)
-        for name in _TABLEMAP_FIELDS:
-            if name in first.__dict__:
-                setattr(self, name, first.__dict__[name])
-        table_map[self.table_id] = self.table_obj
+def _frame(data: bytes, table_map: _StrictTableMap, use_checksum: bool) -> _Image | None:
+    """A binlog packet's event framed by the native core: rows, GTID and XID events, and a
+    TableMap whose body was parsed before; None for anything else (the library parses it)."""
+    try:
+        h = _parse_event(data, use_checksum)
+    except sluice_native.DecodeError as e:
+        raise BinlogProtocolError(f"{e} ({table_map.where()})") from None
+    etype = h[0]
+    if etype in _ROWS_EVENTS:
+        return RowsImage(h[6], h[7], h[8], h[9], h[10], data, h[11], h[5], h[1], h[4], h[3])
+    if etype == TABLE_MAP_EVENT:
+        first = table_map.parsed.get(data[20:h[5]])
+        return None if first is None else TableMapImage(first, h[1], h[4], h[3])
+    if etype == _GTID_EVENT:
+        return GtidImage(h[7], h[2], h[6], h[8], h[1], h[4], h[3])
+    if etype == _XID_EVENT:
+        return XidImage(h[6], h[1], h[4], h[3])
+    if etype in _COMPRESSED_EVENTS:
+        raise BinlogProtocolError(
+            f"binlog event {_COMPRESSED_EVENTS[etype]} ({table_map.where()}): the source writes "
+            "compressed binlog events (log_bin_compress=ON), which the capture cannot read; set "
+            "log_bin_compress=OFF on the source")
+    return None
 
 
-class _ParsedOncePacketWrapper(BinLogPacketWrapper):
-    _BinLogPacketWrapper__event_map = {**BinLogPacketWrapper._BinLogPacketWrapper__event_map,  # type: ignore[attr-defined]
-                                       TABLE_MAP_EVENT: _ParsedOnceTableMapEvent}
-
-
-def _packet_wrapper(pkt: Any, table_map: Any, *args: Any, **kwargs: Any) -> BinLogPacketWrapper:
+def _packet_wrapper(pkt: Any, table_map: Any, ctl: Any, mysql_version: Any, use_checksum: bool,
+                    *args: Any, **kwargs: Any) -> Any:
     """mysql-replication builds every event through this name (binlogstream's import of
-    BinLogPacketWrapper, replaced below): a strict reader's events get the parsed-once TableMap,
-    any other reader (a benchmark's baseline) exactly the library's own classes."""
-    cls = _ParsedOncePacketWrapper if isinstance(table_map, _StrictTableMap) else BinLogPacketWrapper
-    return cls(pkt, table_map, *args, **kwargs)
+    BinLogPacketWrapper, replaced below). Any other reader (a benchmark's baseline) gets exactly
+    the library's own classes. A strict reader's packet is framed by the native core (`_frame`):
+    rows, GTID and XID events become images the Assembler reads (the library never parses their
+    rows); a TableMap is parsed by the library once per distinct body (a transaction maps every
+    table it touches again: 4 TableMaps in a sysbench transaction, and their parse — column
+    definitions, FULL optional metadata — was 60% of the capture's CPU); anything else by the
+    library."""
+    if not isinstance(table_map, _StrictTableMap):
+        return BinLogPacketWrapper(pkt, table_map, ctl, mysql_version, use_checksum, *args, **kwargs)
+    data = pkt._data
+    image = _frame(data, table_map, use_checksum)
+    if image is not None:
+        return image
+    wrapper = BinLogPacketWrapper(pkt, table_map, ctl, mysql_version, use_checksum, *args, **kwargs)
+    if wrapper.event_type == TABLE_MAP_EVENT and wrapper.event is not None:
+        parsed = table_map.parsed
+        if len(parsed) >= _PARSE_CACHE_MAX:
+            parsed.clear()
+        first = parsed[data[20:len(data) - (4 if use_checksum else 0)]] = wrapper.event
+        return TableMapImage(first, timestamp=wrapper.timestamp, log_pos=wrapper.log_pos,
+                             event_size=wrapper.event_size)
+    return wrapper
+
+
+_READ_CHUNK = 256 * 1024
+_LOST = "Lost connection to MySQL server during query"
 
 
 _binlogstream.BinLogPacketWrapper = _packet_wrapper  # type: ignore[assignment]
@@ -434,11 +526,16 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
     def __init__(self, *args: Any, where: Callable[[], str] = lambda: "?", **kwargs: Any) -> None:
         self._where = where
         self._strict = _StrictTableMap(where)
+        self._pending: MysqlPacket | None = None
+        self._packets: list[bytes] = []     # payloads split from the last read, and the next one
+        self._next = 0
+        self._rest = b""                    # an incomplete packet at the end of the last read
+        self._bad_seq = -1
         super().__init__(*args, **kwargs)
-        # The parsed-once TableMap class is what the packets carry: let it through the filters.
+        # The natively framed events are what `fetchone` returns for rows, TableMaps, GTIDs, XIDs.
         for attr in ("_BinLogStreamReader__allowed_events_in_packet",
                      "_BinLogStreamReader__allowed_events"):
-            setattr(self, attr, frozenset(getattr(self, attr)) | {_ParsedOnceTableMapEvent})
+            setattr(self, attr, frozenset(getattr(self, attr)) | set(_IMAGES))
 
     def _BinLogStreamReader__connect_to_stream(self) -> None:  # noqa: N802 - overrides the private
         # The library silently reconnects after a lost connection (2013/2006) with its *original*
@@ -449,6 +546,98 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
                                      "resuming from the last committed position")
         self._connected_once = True
         BinLogStreamReader._BinLogStreamReader__connect_to_stream(self)  # type: ignore[attr-defined]
+        # The library reads its packets (the ones `fetchone` leaves to it) from the same buffer.
+        conn = self._stream_connection
+
+        def read_packet(packet_type: Any = MysqlPacket) -> Any:
+            p = self._pending
+            if p is None:
+                p = MysqlPacket(self._next_payload(), conn.encoding)
+            else:
+                self._pending = None
+            if p.is_error_packet():
+                p.raise_for_error()
+            return p
+        conn._read_packet = read_packet
+
+    def _next_payload(self) -> bytes:
+        i = self._next
+        if i < len(self._packets):
+            self._next = i + 1
+            return self._packets[i]
+        return self._refill()
+
+    def _refill(self) -> bytes:
+        """Reads what the dump connection has (up to 256 KB at once) and splits it into packet
+        payloads natively; pymysql's errors and sequence check as in its `_read_packet` (a lost
+        connection or a read timeout is OperationalError 2013, the connection force-closed)."""
+        conn = self._stream_connection
+        while True:
+            if self._bad_seq >= 0:
+                bad, self._bad_seq = self._bad_seq, -1
+                conn._force_close()
+                if bad == 0:   # MariaDB sends its error packet with seqno 0 when it shuts down
+                    raise pymysql.err.OperationalError(2013, _LOST)
+                raise pymysql.err.InternalError(f"Packet sequence number wrong - got {bad} expected "
+                                                f"{conn._next_seq_id}")
+            if conn._current_timeout != conn._read_timeout:
+                conn._sock.settimeout(conn._read_timeout)
+                conn._current_timeout = conn._read_timeout
+            rest = self._rest
+            # a packet bigger than what is buffered: read the rest of it at once
+            missing = 4 + (rest[0] | rest[1] << 8 | rest[2] << 16) - len(rest) if len(rest) >= 4 else 0
+            try:
+                chunk = conn._rfile.read(missing) if missing > 0 else conn._rfile.read1(_READ_CHUNK)
+            except InterruptedError:
+                continue
+            except OSError as e:
+                conn._force_close()
+                raise pymysql.err.OperationalError(2013, f"{_LOST} ({e})") from None
+            except BaseException:
+                conn._force_close()
+                raise
+            if not chunk or len(chunk) < missing:
+                conn._force_close()
+                raise pymysql.err.OperationalError(2013, _LOST)
+            buf = rest + chunk if rest else chunk
+            packets, used, conn._next_seq_id, self._bad_seq = _split_packets(buf, conn._next_seq_id)
+            self._rest = buf[used:]
+            if packets:
+                self._packets, self._next = packets, 1
+                return packets[0]
+
+    def fetchone(self) -> Any:
+        """The next event. On a connected stream the packet is taken here and the events the
+        native core frames (rows, GTID, XID, a TableMap parsed before: 9 of a sysbench
+        transaction's 10) are returned directly; any other packet (rotate, format description,
+        query, heartbeat, a first TableMap, the end of the stream, an error) goes to the
+        library's `fetchone`, which reads it as its next packet and handles it as always."""
+        if (self._BinLogStreamReader__connected_stream and self._pending is None  # type: ignore[attr-defined]
+                and self._BinLogStreamReader__connected_ctl and not self.end_log_pos  # type: ignore[attr-defined]
+                and not self.skip_to_timestamp):
+            i = self._next
+            if i < len(self._packets):
+                self._next = i + 1
+                data = self._packets[i]
+            else:
+                conn = self._stream_connection
+                try:
+                    data = self._refill()
+                except pymysql.OperationalError as e:
+                    if e.args[0] not in MYSQL_EXPECTED_ERROR_CODES:
+                        raise
+                    # what the library does with a lost connection: it reconnects (refused above)
+                    conn.close()
+                    self._BinLogStreamReader__connected_stream = False
+                    return super().fetchone()
+            if len(data) > 19 and data[0] == 0 and data[5] in _FAST_EVENTS:
+                image = _frame(data, self._strict, self._BinLogStreamReader__use_checksum)  # type: ignore[attr-defined]
+                if image is not None:
+                    if image.log_pos:
+                        self.log_pos = image.log_pos
+                    return image
+            self._pending = MysqlPacket(data, self._stream_connection.encoding)
+        return super().fetchone()
 
     @property  # type: ignore[override]
     def table_map(self) -> _StrictTableMap:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import functools
 import hashlib
 import logging
 import re
@@ -33,6 +34,7 @@ from sluice.core.log import kv
 log = logging.getLogger(__name__)
 
 
+@functools.lru_cache(maxsize=65536)   # a pure function of names, asked at every TableMap
 def stable_table_id(source: str, db: str, table: str) -> int:
     digest = hashlib.blake2b(f"{source}\0{db}\0{table}".encode(), digest_size=8).digest()
     return (int.from_bytes(digest, "big") & ((1 << 63) - 1)) or 1

@@ -187,11 +187,12 @@ class RowDecoder:
             raise UndecodableRow(f"{self.where}: {what} row image does not hold every column "
                                  "(binlog_row_image must be FULL)")
 
-    def decode(self, body: bytes, tp: int) -> tuple[bytes, int]:
-        """The row images of one rows event -> (bytes of `repeated RowChange`, i.e. what
-        `TableMutation.MergeFromString` appends to its changes; number of changes).
+    def decode(self, data: bytes, tp: int, start: int = 0, end: int | None = None) -> tuple[bytes, int]:
+        """The row images of one rows event (`data[start:end]`: the event's packet, read in
+        place) -> (bytes of `repeated RowChange`, i.e. what `TableMutation.MergeFromString`
+        appends to its changes; number of changes).
         `tp` is pb.INSERT (after images), pb.UPDATE (before/after pairs) or pb.DELETE."""
         try:
-            return self.native.decode(body, tp)
+            return self.native.decode(data, tp, start, end)
         except sluice_native.DecodeError as e:
             raise UndecodableRow(f"{self.where}: {e}") from None

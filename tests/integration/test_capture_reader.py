@@ -350,3 +350,74 @@ def test_filters_skip_tables_and_transactions_carrying_the_loop_mark(mariadb_mod
     rows = [(ev.table, rowcodec.row_to_dict(ev.after, ev.table_info))
             for txn, history in as_txns(txns) for ev in txn.rows(history)]
     assert rows == [("keep", {"id": 1}), ("keep", {"id": 3, "v": 30})]
+
+def test_native_event_framing_matches_the_library(mariadb_module: MariaDBServer) -> None:
+    """The native framing of rows, GTID and XID events (sluice_native.parse_event, capture's
+    strict reader) reads what mysql-replication's own parse reads from the same packets: the
+    table id, the column count (packed: 300 columns take 3 bytes), both present bitmaps of an
+    UPDATE, the row images byte for byte, the GTID (domain, server, sequence, flags) and the
+    XID; the header's timestamp and end position too."""
+    from pymysqlreplication.event import MariadbGtidEvent, XidEvent
+    from pymysqlreplication.row_event import (DeleteRowsEvent, RowsEvent, UpdateRowsEvent,
+                                              WriteRowsEvent)
+
+    from sluice.capture.reader import (EVENTS, FixedBinLogStreamReader, GtidImage, RowsImage,
+                                       StrictBinLogStreamReader, XidImage)
+    db = mariadb_module
+    db.execute("CREATE DATABASE IF NOT EXISTS framing")
+    db.execute(ALL_TYPES.format(db="framing"))
+    wide = ", ".join(f"c{i} TINYINT" for i in range(300))
+    db.execute(f"CREATE TABLE framing.wide (id INT PRIMARY KEY, {wide})")
+    start = gtid_pos(db)
+    conn = db.connect("framing")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION sql_mode = ''")   # allow zero dates and zero parts
+            marks = ",".join(["%s"] * len(COLS))
+            for row in ROWS:
+                cur.execute(f"INSERT INTO all_types ({','.join(COLS)}) VALUES ({marks})", row)
+            cur.execute("UPDATE all_types SET vc = CONCAT(vc, 'x'), d10 = d10 + 1")
+            cur.execute("DELETE FROM all_types WHERE id = 1")
+    finally:
+        conn.close()
+    db.execute(f"INSERT INTO framing.wide VALUES (1, {', '.join(str(i % 100) for i in range(300))})")
+    db.execute("UPDATE framing.wide SET c299 = NULL, c0 = -5")
+    db.execute("DELETE FROM framing.wide")
+    settings = {"host": "127.0.0.1", "port": db.port, "user": db.user, "password": db.password}
+    kinds = {WriteRowsEvent: pb.INSERT, UpdateRowsEvent: pb.UPDATE, DeleteRowsEvent: pb.DELETE}
+
+    library = []
+    s = FixedBinLogStreamReader(dict(settings), server_id=4243, blocking=False, is_mariadb=True,
+                                auto_position=start, enable_logging=False)
+    for ev in s:
+        head = (ev.timestamp, ev.packet.log_pos)
+        if isinstance(ev, RowsEvent):
+            pk = ev.packet
+            rest = pk.read(ev.event_size - pk.read_bytes)
+            library.append(("rows", kinds[type(ev)], ev.table_id, ev.number_of_columns,
+                            ev.columns_present_bitmap, getattr(ev, "columns_present_bitmap2", None),
+                            rest, head))
+        elif isinstance(ev, MariadbGtidEvent):
+            library.append(("gtid", ev.gtid, ev.flags, head))
+        elif isinstance(ev, XidEvent):
+            library.append(("xid", ev.xid, head))
+    s.close()
+
+    native = []
+    s = StrictBinLogStreamReader(dict(settings), server_id=4244, blocking=False, is_mariadb=True,
+                                 auto_position=start, only_events=EVENTS, enable_logging=False)
+    for ev in s:
+        head = (ev.timestamp, ev.log_pos) if isinstance(ev, (RowsImage, GtidImage, XidImage)) else None
+        if isinstance(ev, RowsImage):
+            native.append(("rows", ev.tp, ev.table_id, ev.number_of_columns, ev.present, ev.present2,
+                           ev.data[ev.start:ev.end], head))
+        elif isinstance(ev, GtidImage):
+            native.append(("gtid", ev.gtid, ev.flags, head))
+        elif isinstance(ev, XidImage):
+            native.append(("xid", ev.xid, head))
+    s.close()
+    rows = [(e[1], e[3]) for e in native if e[0] == "rows"]
+    assert {(pb.INSERT, 39), (pb.UPDATE, 39), (pb.DELETE, 39), (pb.INSERT, 301), (pb.UPDATE, 301),
+            (pb.DELETE, 301)} == set(rows)
+    assert sum(e[0] == "xid" for e in native) == len(ROWS) + 5
+    assert native == library

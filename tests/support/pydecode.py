@@ -431,14 +431,12 @@ class RowDecoder:
 def old_rows(self: Any, ev: Any) -> None:
     """The Assembler's `_rows` as it was before the native core: per-row Python decoding into
     pb.RowChange objects (bound onto an Assembler by `use_python_decoder`)."""
-    from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
-
-    from sluice.capture.reader import UnknownTableId, _rows_body
+    from sluice.capture.reader import UnknownTableId
     t = self._need_txn("rows")
     entry = self._maps.get(ev.table_id)
     if entry is None:
         raise UnknownTableId(ev.table_id, self.where())
-    body = _rows_body(ev)
+    body = ev.data[ev.start:ev.end]
     t.size += len(body)
     if entry.info is None or entry.decoder is None:
         if self.tracker.filter.marks(entry.db, entry.table):
@@ -450,20 +448,20 @@ def old_rows(self: Any, ev: Any) -> None:
     changes: list[pb.RowChange] = []
     pos, n = 0, len(body)
     row = dec.row
-    if isinstance(ev, UpdateRowsEvent):
-        dec.check_present(ev.columns_present_bitmap, "before")
-        dec.check_present(ev.columns_present_bitmap2, "after")
+    if ev.tp == pb.UPDATE:
+        dec.check_present(ev.present, "before")
+        dec.check_present(ev.present2, "after")
         while pos < n:
             before, pos = row(body, pos)
             after, pos = row(body, pos)
             changes.append(pb.RowChange(tp=pb.UPDATE, before=before, after=after))
-    elif isinstance(ev, WriteRowsEvent):
-        dec.check_present(ev.columns_present_bitmap, "inserted")
+    elif ev.tp == pb.INSERT:
+        dec.check_present(ev.present, "inserted")
         while pos < n:
             after, pos = row(body, pos)
             changes.append(pb.RowChange(tp=pb.INSERT, after=after))
     else:
-        dec.check_present(ev.columns_present_bitmap, "deleted")
+        dec.check_present(ev.present, "deleted")
         while pos < n:
             before, pos = row(body, pos)
             changes.append(pb.RowChange(tp=pb.DELETE, before=before))

@@ -4,10 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pymysqlreplication.event import MariadbGtidEvent, QueryEvent, RotateEvent, XidEvent
-from pymysqlreplication.row_event import TableMapEvent, WriteRowsEvent
+from pymysqlreplication.event import QueryEvent, RotateEvent
+from pymysqlreplication.row_event import TableMapEvent
 
-from sluice.capture.reader import Assembler, BinlogProtocolError, UnknownTableId
+from sluice.capture.reader import (Assembler, BinlogProtocolError, GtidImage, RowsImage,
+                                   TableMapImage, UnknownTableId, XidImage)
 from sluice.capture.schema import SchemaTracker, TableFilter
 
 
@@ -34,18 +35,20 @@ def ev(cls: type, **attrs: Any) -> Any:
 
 
 def gtid(seq: int, flags: int = 12) -> Any:
-    return ev(MariadbGtidEvent, gtid=f"0-1-{seq}", domain_id=0, server_id=1, gtid_seq_no=seq, flags=flags)
+    return GtidImage(0, 1, seq, flags, timestamp=1_700_000_000)
 
 
 def table_map(table_id: int, table: str) -> Any:
-    return ev(TableMapEvent, table_id=table_id, schema="db", table=table,
-              columns=[_Col("id", 3)], null_bitmask=b"\x00", optional_metadata=_Meta(), dbms="mariadb")
+    return TableMapImage(ev(TableMapEvent, table_id=table_id, schema="db", table=table,
+                            columns=[_Col("id", 3)], null_bitmask=b"\x00", optional_metadata=_Meta(),
+                            dbms="mariadb"), timestamp=1_700_000_000)
 
 
 def insert(table_id: int, value: int) -> Any:
-    # one LONG column, FULL image: present bitmap 0b1, null bitmap 0b0, 4-byte little-endian value
-    return ev(WriteRowsEvent, table_id=table_id, number_of_columns=1, columns_present_bitmap=b"\x01",
-              body=b"\x00" + value.to_bytes(4, "little", signed=True))
+    # one LONG column, FULL image: present bitmap 0b1, null bitmap 0b0, 4-byte little-endian value,
+    # inside a packet-like buffer (the row images are read in place)
+    data = b"header" + b"\x00" + value.to_bytes(4, "little", signed=True) + b"crc!"
+    return RowsImage(1, table_id, 1, b"\x01", None, data, 6, len(data) - 4, timestamp=1_700_000_000)
 
 
 def assembler() -> tuple[Assembler, list[str]]:
@@ -79,7 +82,7 @@ def test_table_maps_live_for_one_transaction() -> None:
     a.feed(table_map(71, "u"))          # a new TableMap mid-transaction
     a.feed(insert(71, 2))
     a.feed(insert(70, 3))               # the first one is still cached
-    txn = a.feed(ev(XidEvent, xid=1))
+    txn = a.feed(XidImage(1))
     assert txn is not None and cleared == ["x"]
     assert [(m.table_name, [c.after.columns[0].int for c in m.changes]) for m in txn.mutations] == [
         ("t", [1]), ("u", [2]), ("t", [3])]
@@ -102,8 +105,8 @@ def test_non_transactional_group_ends_at_commit_query_and_ddl_stands_alone() -> 
     a.feed(gtid(9, flags=1 | 8 | 32))
     t2 = a.feed(ev(QueryEvent, query="CREATE TABLE x (id INT PRIMARY KEY)", schema=b"db"))
     assert t2 is not None and [d.table_name for d in t2.ddls] == ["x"]
-    a.feed(ev(MariadbGtidEvent, gtid="3-2-40", domain_id=3, server_id=2, gtid_seq_no=40, flags=12))
-    t3 = a.feed(ev(XidEvent, xid=2))
+    a.feed(GtidImage(3, 2, 40, 12))
+    t3 = a.feed(XidImage(2))
     assert [(g.domain_id, g.seq_no) for g in t3.position.gtids] == [(0, 9), (3, 40)]
 
 

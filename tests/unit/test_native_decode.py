@@ -393,3 +393,125 @@ def test_random_rows_decode_the_same_as_the_python_decoder(case: tuple[list[Col]
     integers and enum/set/bit images random; decimals and text valid by construction)."""
     cols, body, tp = case
     same(cols, body, tp)
+
+
+# ------------------------------------------------------------------------------------------------
+# event framing (sluice_native.parse_event) on packets built from the documented layout
+# ------------------------------------------------------------------------------------------------
+
+def packet(etype: int, body: bytes, *, ts: int = 1_700_000_123, server_id: int = 7, log_pos: int = 4096,
+           checksum: bool = False) -> bytes:
+    """OK byte + 19-byte event header (timestamp, type, server id, event size, next position,
+    flags) + body (+ CRC32 placeholder)."""
+    trailer = b"\xde\xad\xbe\xef" if checksum else b""
+    size = 19 + len(body) + len(trailer)
+    return b"\x00" + struct.pack("<IBIIIH", ts, etype, server_id, size, log_pos, 0) + body + trailer
+
+
+def packed(n: int) -> bytes:
+    if n < 251:
+        return bytes([n])
+    if n < 1 << 16:
+        return b"\xfc" + n.to_bytes(2, "little")
+    if n < 1 << 24:
+        return b"\xfd" + n.to_bytes(3, "little")
+    return b"\xfe" + n.to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+@pytest.mark.parametrize("etype,tp,v2", [(23, pb.INSERT, False), (24, pb.UPDATE, False), (25, pb.DELETE, False),
+                                         (30, pb.INSERT, True), (31, pb.UPDATE, True), (32, pb.DELETE, True)])
+@pytest.mark.parametrize("ncols", [1, 8, 9, 250, 251, 300, 70000])
+def test_rows_event_post_header_is_framed_by_its_layout(etype: int, tp: int, v2: bool, ncols: int,
+                                                        checksum: bool) -> None:
+    """A rows event (v1 MariaDB, v2 MySQL with extra data) is framed as its layout says: 6-byte
+    table id, flags, v2 extra data skipped by its own length, packed column count, one present
+    bitmap (two for UPDATE), then the row images up to the CRC32 when the binlog has checksums."""
+    nb = (ncols + 7) // 8
+    bm1, bm2 = bytes([0xA5]) * nb, bytes([0x5A]) * nb
+    table_id = 0x0000_8765_4321_00FF & 0xFFFF_FFFF_FFFF
+    extra = (b"\x07\x00" + b"\x00\x01\x02\x03\x04") if v2 else b""   # length 7 counts its own 2 bytes
+    rows = b"row images \x00\xff"
+    body = (table_id.to_bytes(6, "little") + b"\x01\x00" + extra + packed(ncols) + bm1
+            + (bm2 if tp == pb.UPDATE else b"") + rows)
+    data = packet(etype, body, checksum=checksum)
+    h = sluice_native.parse_event(data, checksum)
+    assert h[:5] == (etype, 1_700_000_123, 7, len(data) - 1, 4096)
+    end = len(data) - (4 if checksum else 0)
+    assert h[5:] == (end, tp, table_id, ncols, bm1, bm2 if tp == pb.UPDATE else None, end - len(rows))
+    assert data[h[11]:h[5]] == rows
+
+
+def test_gtid_xid_and_other_events_are_framed() -> None:
+    """MariaDB GTID (sequence number, domain, flags; a group-commit id after them is ignored),
+    XID, and any other event: header only."""
+    g = packet(162, (2**64 - 2).to_bytes(8, "little") + (7).to_bytes(4, "little") + b"\x2c"
+               + (99).to_bytes(8, "little"), server_id=3)
+    assert sluice_native.parse_event(g, False)[6:] == (2**64 - 2, 7, 0x2C)
+    x = packet(16, (123456789).to_bytes(8, "little"), checksum=True)
+    assert sluice_native.parse_event(x, True) == (16, 1_700_000_123, 7, len(x) - 1, 4096, len(x) - 4, 123456789)
+    q = packet(2, b"anything")
+    assert sluice_native.parse_event(q, False) == (2, 1_700_000_123, 7, len(q) - 1, 4096, len(q))
+
+
+def test_malformed_packets_are_refused_naming_the_problem() -> None:
+    """A packet that is not an event, whose header's size disagrees with the packet, or that ends
+    inside a post-header or bitmap raises DecodeError (the capture stops: never a guess)."""
+    with pytest.raises(sluice_native.DecodeError, match="not an event"):
+        sluice_native.parse_event(b"\x00" + b"\x01" * 10, False)
+    with pytest.raises(sluice_native.DecodeError, match="not an event"):
+        sluice_native.parse_event(b"\xff" + b"\x01" * 30, False)
+    good = packet(23, (5).to_bytes(6, "little") + b"\x00\x00" + packed(16) + b"\xff\xff")
+    with pytest.raises(sluice_native.DecodeError, match="packet holds"):
+        sluice_native.parse_event(good + b"\x00", False)
+    for cut, what in ((4, "post-header"), (9, "column count"), (10, "column count"),
+                      (12, "columns-present bitmap")):
+        bad = packet(23, ((5).to_bytes(6, "little") + b"\x00\x00" + b"\xfc\x10\x00" + b"\xff\xff")[:cut])
+        with pytest.raises(sluice_native.DecodeError, match=what):
+            sluice_native.parse_event(bad, False)
+    upd = packet(24, (5).to_bytes(6, "little") + b"\x00\x00" + packed(16) + b"\xff\xff" + b"\xff")
+    with pytest.raises(sluice_native.DecodeError, match="after-image bitmap"):
+        sluice_native.parse_event(upd, False)
+    v2 = packet(30, (5).to_bytes(6, "little") + b"\x00\x00" + b"\x40\x00" + packed(1) + b"\x01")
+    with pytest.raises(sluice_native.DecodeError, match="extra data"):
+        sluice_native.parse_event(v2, False)
+    with pytest.raises(sluice_native.DecodeError, match="shorter than its header"):
+        sluice_native.parse_event(packet(16, b""), True)
+    with pytest.raises(sluice_native.DecodeError, match="GTID"):
+        sluice_native.parse_event(packet(162, b"\x00" * 12), False)
+
+
+def test_row_images_are_decoded_in_place_from_the_packet() -> None:
+    """decode(data, tp, start, end) reads only data[start:end]: a value running into the bytes
+    after `end` (the CRC32) is refused, and Python columns see positions within the images."""
+    dec = RowDecoder([("id", "int", 4, False), ("g", "py", lambda buf, pos: (pb.Datum(bytes=buf[pos:pos + 2]).SerializeToString(), pos + 2))], "t")
+    images = b"\x00" + (42).to_bytes(4, "little") + b"ab"
+    data = b"HEADER" + images + b"CRC!"
+    raw, n = dec.decode(data, pb.INSERT, 6, 6 + len(images))
+    m = pb.TableMutation()
+    m.MergeFromString(raw)
+    assert n == 1 and m.changes[0].after.columns[0].int == 42 and m.changes[0].after.columns[1].bytes == b"ab"
+    with pytest.raises(UndecodableRow, match="needs 4 bytes"):
+        dec.decode(data, pb.INSERT, 6, 6 + 3)
+    with pytest.raises(ValueError, match="outside a buffer"):
+        dec.decode(data, pb.INSERT, 6, len(data) + 1)
+
+
+def test_packets_are_split_by_their_headers() -> None:
+    """split_packets: complete packets only (an incomplete one stays for the next read), the
+    sequence numbers checked and carried (wrapping at 256), a payload of 16 MB or more joined
+    from its packets, and the first packet out of order reported, not consumed."""
+    def pk(payload: bytes, seq: int) -> bytes:
+        return len(payload).to_bytes(3, "little") + bytes([seq & 255]) + payload
+    a, b = b"\x00event-a", b"\x00" + b"b" * 300
+    buf = pk(a, 254) + pk(b, 255) + pk(b"\x00next", 0)[:6]
+    got, used, seq, bad = sluice_native.split_packets(buf, 254)
+    assert (got, used, seq, bad) == ([a, b], len(pk(a, 0)) + len(pk(b, 0)), 0, -1)
+    assert sluice_native.split_packets(buf[used:] + b"ext", 0) == ([b"\x00next"], 9, 1, -1)
+    big = b"\x00" + b"x" * (0xFFFFFF - 1)
+    joined = pk(big, 3) + pk(b"tail", 4) + pk(b"\xfe", 5)
+    got, used, seq, bad = sluice_native.split_packets(joined, 3)
+    assert [len(g) for g in got] == [0xFFFFFF + 4, 1] and got[0] == big + b"tail" and (used, seq, bad) == (len(joined), 6, -1)
+    assert sluice_native.split_packets(pk(big, 3)[:100], 3) == ([], 0, 3, -1)
+    assert sluice_native.split_packets(pk(a, 7) + pk(b, 9), 7) == ([a], len(pk(a, 7)), 8, 9)
+    assert sluice_native.split_packets(pk(a, 0), 5) == ([], 0, 5, 0)
