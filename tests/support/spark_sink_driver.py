@@ -44,10 +44,12 @@ def sink_config(warehouse: str, name: str) -> SparkSinkConfig:
     """The sink `name` with its own namespaces in the shared catalog (the same shape as
     tests/support/spark.py's SparkEnv.sink_config, so a test session reads it)."""
     return SparkSinkConfig(
-        master="local[1]", warehouse=warehouse, shuffle_partitions=2, log_level="ERROR",
+        master="local[1]", warehouse=warehouse, shuffle_partitions=1, log_level="ERROR",
         meta_database=f"m_{name}", database=f"{name}_{{schema}}",
         batch_rows=1_000_000, batch_interval=3600.0, maintenance_every=0,
-        spark_conf={"spark.ui.showConsoleProgress": "false", "spark.driver.memory": "512m"})
+        # tests/support/spark.py's TEST_CONF (not imported: this process needs no pytest).
+        spark_conf={"spark.ui.showConsoleProgress": "false", "spark.sql.adaptive.enabled": "false",
+                    "spark.driver.memory": "512m"})
 
 
 def load_state(path: Path) -> dict[str, Any]:
