@@ -59,9 +59,10 @@ def _session(warehouse: Path) -> Any:
     warehouse), for the final comparison."""
     from sluice.spark_sink.config import SessionConfig
     from sluice.spark_sink.session import session
+    from tests.support.spark import TEST_CONF
     spark = session(SessionConfig(master="local[2]", warehouse=str(warehouse), log_level="ERROR",
-                                  shuffle_partitions=2,
-                                  spark_conf={"spark.driver.memory": "768m",
+                                  shuffle_partitions=1,
+                                  spark_conf={**TEST_CONF, "spark.driver.memory": "768m",
                                               "spark.sql.catalog.sluice.cache-enabled": "false"}))
     spark.sql("SHOW NAMESPACES").collect()
     return spark

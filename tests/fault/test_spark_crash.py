@@ -25,14 +25,15 @@ import random
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from tests.support.procs import PYTHON, REPO, wait_until
 from tests.support.rows import history_of
-from tests.support.spark import (SparkEnv, expected_changes, expected_rows, run,  # noqa: F401
-                                 spark_env, view_rows)
+from tests.support.spark import (SparkEnv, expected_changes, expected_rows, norm,  # noqa: F401
+                                 run, spark_env)
 from tests.support.spark_sink_driver import CHUNK, build, drive_one
 
 pytestmark = [pytest.mark.spark]
@@ -67,10 +68,27 @@ def finish(p: subprocess.Popen[str], log: Path, timeout: float) -> int:
     return p.returncode
 
 
-def last_marker(env: SparkEnv, name: str) -> tuple[int, int]:
-    """(batch, commit_ts) of the newest row of the sink's marker table."""
-    rows = env.rows(f"SELECT batch, commit_ts FROM m_{name}._sluice_commits ORDER BY batch DESC LIMIT 1")
-    return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+def union_by_sink(env: SparkEnv, names: Iterable[str], select: str) -> dict[str, list[tuple]]:
+    """`select` (with {n} for the sink's name) run for every sink in one UNION ALL query (one
+    Spark job instead of one per sink: each costs seconds here); its rows per sink."""
+    names = list(names)
+    sql = " UNION ALL ".join(f"SELECT '{n}' AS _sink, * FROM ({select.format(n=n)})"
+                             for n in names)
+    out: dict[str, list[tuple]] = {n: [] for n in names}
+    for r in env.rows(sql):
+        out[r[0]].append(tuple(r[1:]))
+    return out
+
+
+def marker_rows(env: SparkEnv, names: Iterable[str]) -> dict[str, list[tuple[int, int]]]:
+    """(batch, commit_ts) of every row of each sink's marker table, in batch order."""
+    rows = union_by_sink(env, names, "SELECT batch, commit_ts FROM m_{n}._sluice_commits")
+    return {n: sorted((int(b), int(c)) for b, c in rs) for n, rs in rows.items()}
+
+
+def last_marker(marks: list[tuple[int, int]]) -> tuple[int, int]:
+    """(batch, commit_ts) of the newest row of a sink's marker table."""
+    return marks[-1] if marks else (0, 0)
 
 
 @pytest.mark.timeout(1500)
@@ -112,7 +130,7 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
                 p.communicate()
     t1 = time.monotonic()
 
-    markers = {n: last_marker(env, n) for n in procs}
+    markers = {n: last_marker(m) for n, m in marker_rows(env, procs).items()}
     for n in EXITS:
         assert markers[n][0] == (2 if n == "fam" else 1), (n, markers[n])
     assert markers[MID][0] in (1, 2), markers[MID]
@@ -134,25 +152,31 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
             assert r["committed"] == r["start"] and r["skipped"] == 0, r
     assert by_name["fam"]["committed"] > by_name["fam"]["start"]
 
+    # Every sink's tables read in a few UNION ALL queries (one per table, one for the
+    # changelogs, one for the markers), each sink's rows checked on its own.
     want_changes = sorted(expected_changes(txns, history_of(txns)))
+    for t in wl.tables:
+        cols = ", ".join(f"`{c.name}`" for c in t.visible)
+        views = union_by_sink(env, procs, f"SELECT {cols} FROM {{n}}_shop.{t.name}")
+        for n in procs:
+            got_rows = sorted((tuple(norm(x) for x in r) for r in views[n]), key=repr)
+            assert got_rows == expected_rows(wl, t), (n, t.name)
+    logs = union_by_sink(env, procs, " UNION ALL ".join(
+        f"SELECT _commit_ts, _seq, _op FROM {{n}}_shop.{t.name}_changelog" for t in wl.tables))
+    all_marks = marker_rows(env, procs)
     for n in procs:
-        for t in wl.tables:
-            assert view_rows(env, f"{n}_shop.{t.name}", t) == expected_rows(wl, t), (n, t.name)
-        got = []
-        for t in wl.tables:
-            got += [(r[0], r[1], r[2]) for r in env.rows(
-                f"SELECT _commit_ts, _seq, _op FROM {n}_shop.{t.name}_changelog")]
+        got = [(r[0], r[1], r[2]) for r in logs[n]]
         assert len(got) == len({(c, s) for c, s, _ in got}), n  # no (_commit_ts, _seq) twice
         assert sorted(got) == want_changes, n                  # and none missing
         # One marker row per batch, in order; the last one is the sink's checkpoint.
-        marks = [tuple(r) for r in env.rows(
-            f"SELECT batch, commit_ts FROM m_{n}._sluice_commits ORDER BY batch")]
+        marks = all_marks[n]
         assert [b for b, _ in marks] == [1, 2, 3], (n, marks)
         assert marks[-1][1] == last_ts, n
     # Batch 2 touched every table (so the crash points between tables cut a real batch).
+    n2 = dict(tuple(r) for r in env.rows(" UNION ALL ".join(
+        f"SELECT '{t.name}', count(*) FROM {MID}_shop.{t.name}_changelog.snapshots "
+        "WHERE summary['sluice.batch'] = '2'" for t in wl.tables)))
     for t in wl.tables:
-        n2 = env.rows(f"SELECT count(*) FROM {MID}_shop.{t.name}_changelog.snapshots "
-                      "WHERE summary['sluice.batch'] = '2'")[0][0]
-        assert n2 >= 1, t.name
+        assert n2[t.name] >= 1, t.name
     t3 = time.monotonic()
     print(f"crash children {t1 - t0:.0f}s, restart {t2 - t1:.0f}s, checks {t3 - t2:.0f}s")

@@ -27,6 +27,7 @@ import pytest
 from tests.support.capture import start_capture, wait_streaming
 from tests.support.cluster import Cluster, DrainerHandle, fresh_ts, running_cluster
 from tests.support.mariadb import MariaDBServer
+from tests.support.spark import TEST_CONF
 
 # Generous: Spark queries take 1-20 s each on a loaded 2-core machine, and the first test also
 # waits for the module's pipeline (two JVMs, a MariaDB, the cluster).
@@ -107,7 +108,7 @@ class SparkPipeline:
             exp = sorted(want(), key=repr)
             if got == exp:
                 return got  # type: ignore[no-any-return]
-            time.sleep(2.0)
+            time.sleep(0.5)
         raise AssertionError(f"{what or sql}:\nspark:  {got}\nsource: {exp}\n"
                              f"{self.failure_log()}")
 
@@ -134,7 +135,7 @@ def pipe(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[Spar
             spark = session(SessionConfig(
                 master="local[1]", warehouse=str(warehouse), log_level="ERROR",
                 shuffle_partitions=1, app_name="sluice-test-reader",
-                spark_conf={"spark.driver.memory": "512m",
+                spark_conf={**TEST_CONF, "spark.driver.memory": "512m",
                             "spark.sql.catalog.sluice.cache-enabled": "false"}))
             cluster.wait_drainer_online(drainer, timeout=180)
             yield SparkPipeline(cluster, source, drainer, cap, spark, warehouse)

@@ -141,18 +141,26 @@ def test_readers_see_consistent_snapshots_while_maintenance_compacts_and_expires
     schema = SchemaHistory()
     sink = make_sink(env, "mt", schema, maintenance_every=2, snapshot_retention=0.0,
                      retain_snapshots=1)
-    run(sink.open(Checkpoint(0)))
-    run(drive(sink, batches[0], schema))
+    # The catalog's own tables exist before a second JVM opens it (two JVMs creating them at
+    # once race); then the reader's JVM starts while the sink opens and commits the opening
+    # batch, and its rounds begin once both tables hold that batch.
+    env.rows("SHOW NAMESPACES")
     out, stop = tmp_path / "reader.jsonl", tmp_path / "stop"
     logf = (tmp_path / "reader.log").open("w")
-    reader = subprocess.Popen(reader_argv(env.warehouse, out, stop, TABLE_Q, LOG_Q), cwd=REPO,
-                              env=child_env(), stdout=logf, stderr=subprocess.STDOUT)
-    py = PyIcebergReader(env.warehouse)
-    py.start()
+    reader = subprocess.Popen(
+        reader_argv(env.warehouse, out, stop, TABLE_Q, LOG_Q,
+                    ready=("SELECT count(*) > 0 FROM mt_bank.acct",
+                           "SELECT count(*) > 0 FROM mt_bank.acct_changelog")),
+        cwd=REPO, env=child_env(), stdout=logf, stderr=subprocess.STDOUT)
     caplog.set_level(logging.INFO, logger="sluice.spark_sink")
+    py = None
     try:
-        # The reader JVM's start overlaps nothing useful: wait for its first answers, so its
-        # rounds run across the commits and maintenance passes.
+        run(sink.open(Checkpoint(0)))
+        run(drive(sink, batches[0], schema))
+        py = PyIcebergReader(env.warehouse)
+        py.start()
+        # Wait for the reader JVM's first answers, so its rounds run across the commits and
+        # maintenance passes.
         wait_until(lambda: out.exists() and len(out.read_text().splitlines()) >= 2, 700, 0.5,
                    what="the reader JVM's first answers")
         for chunk in batches[1:]:
@@ -160,13 +168,15 @@ def test_readers_see_consistent_snapshots_while_maintenance_compacts_and_expires
         stop.touch()
         reader.wait(400)
     finally:
-        py.stop.set()
-        py.join(60)
+        if py is not None:
+            py.stop.set()
+            py.join(60)
         if reader.poll() is None:
             reader.kill()  # our own child, by pid
             reader.wait()
         logf.close()
     assert reader.returncode == 0, (tmp_path / "reader.log").read_text()[-3000:]
+    assert py is not None
     failed = [r.getMessage() for r in caplog.records if "maintenance failed" in r.getMessage()]
     assert not failed, [r.__dict__.get("fields") for r in caplog.records
                         if "maintenance failed" in r.getMessage()]

@@ -56,12 +56,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, etcd_module) -> Iterator[C
         yield c
 
 
-def spark_sql(warehouse: str, cwd: Path, *sql: str) -> list[dict]:
-    """`sluice spark-sql --json` in its own process (its own JVM); the rows it printed."""
-    out = subprocess.run(spark_sql_argv(warehouse, *sql), cwd=cwd, capture_output=True,
-                         text=True, timeout=900, env=child_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+class SparkSql:
+    """`sluice spark-sql --json` started in its own process (its own JVM), so the JVM starts
+    while the test goes on; output to files (nothing blocks on a full pipe meanwhile)."""
+
+    def __init__(self, warehouse: str, cwd: Path, *sql: str) -> None:
+        self.out, self.err = cwd / "spark-sql.out", cwd / "spark-sql.err"
+        with self.out.open("w") as o, self.err.open("w") as e:
+            self.proc = subprocess.Popen(spark_sql_argv(warehouse, *sql), cwd=cwd, stdout=o,
+                                         stderr=e, text=True, env=child_env())
+
+    def rows(self) -> list[dict]:
+        """Waits for it to exit 0; the rows it printed."""
+        self.proc.wait(900)
+        assert self.proc.returncode == 0, self.err.read_text()[-3000:]
+        return [json.loads(line) for line in self.out.read_text().splitlines()
+                if line.startswith("{")]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # our own child, by pid
+            self.proc.wait()
 
 
 def leader_epoch(reg: Registry) -> int:
@@ -134,11 +149,20 @@ def test_pumps_to_iceberg_read_by_other_jvms_with_a_fenced_stale_active(
     warehouse = str(a.out_dir / "warehouse")
     want = sorted((ack.table, i, v) for ack in w.acked for op, i, v in ack.rows)
     assert len(want) > 300
-    # Another JVM reads exactly the acked rows.
+    # Another JVM reads exactly the acked rows (checked after pyiceberg's read below, which
+    # runs while that JVM starts).
     union = " UNION ALL ".join(f"SELECT 'sp.t{i}' AS t, id, v FROM sp.t{i}" for i in range(TABLES))
-    got = sorted((r["t"], r["id"], r["v"]) for r in spark_sql(warehouse, tmp_path, union))
-    assert got == want
+    other_jvm = SparkSql(warehouse, tmp_path, union)
+    try:
+        pyiceberg_and_fencing_checks(warehouse, want, stale_epoch, new_epoch)
+        got = sorted((r["t"], r["id"], r["v"]) for r in other_jvm.rows())
+        assert got == want
+    finally:
+        other_jvm.stop()
 
+
+def pyiceberg_and_fencing_checks(warehouse: str, want: list[tuple], stale_epoch: int,
+                                 new_epoch: int) -> None:
     # pyiceberg (no JVM) reads the same rows; each changelog holds every change once.
     cat = pyiceberg_catalog(warehouse)
     py_rows, changes = [], []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,25 @@ NOTES = Table(502, "shop", "notes", [col("id", "int(11)", nullable=False),
                                      col("body", "varchar(20)")], primary=["id"])
 
 
-def sluice_sql(warehouse: str, cwd: Path, *args: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `sluice spark-sql --json ... args` in a child process."""
-    out = subprocess.run(spark_sql_argv(warehouse, *args), cwd=cwd, env=child_env(),
-                         capture_output=True, text=True, timeout=600)
-    return out.returncode, out.stdout, out.stderr
+class SqlChild:
+    """`sluice spark-sql --json ... args` started in a child process (its own JVM); its output
+    goes to files (not pipes nobody reads while other children are waited for)."""
+
+    def __init__(self, warehouse: str, cwd: Path, name: str, *args: str) -> None:
+        self.stdout, self.stderr = cwd / f"{name}.out", cwd / f"{name}.err"
+        with self.stdout.open("w") as out, self.stderr.open("w") as err:
+            self.proc = subprocess.Popen(spark_sql_argv(warehouse, *args), cwd=cwd,
+                                         env=child_env(), stdout=out, stderr=err, text=True)
+
+    def result(self, timeout: float = 600) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr)."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # our own child, by pid
+            self.proc.wait()
+            raise
+        return self.proc.returncode, self.stdout.read_text(), self.stderr.read_text()
 
 
 def json_rows(stdout: str) -> list[dict[str, Any]]:
@@ -68,23 +83,50 @@ def two_batches(spark_env: SparkEnv) -> dict[str, int]:
     return {"b1": b1, "b2": b2}
 
 
-def test_plain_query_in_a_second_jvm(spark_env: SparkEnv, two_batches: dict[str, int],
-                                     tmp_path: Path) -> None:
+AS_OF_QUERY = ("SELECT 'items' AS t, id, CAST(qty AS STRING) AS v FROM items UNION ALL "
+               "SELECT 'notes', id, body FROM sq_shop_notes UNION ALL "
+               "SELECT 'items_changelog', count(*), CAST(max(_commit_ts) AS STRING) "
+               "FROM items_changelog")
+
+
+@pytest.fixture(scope="module")
+def children(spark_env: SparkEnv, two_batches: dict[str, int],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SqlChild]]:
+    """The `sluice spark-sql` runs the tests below check, started together once both batches
+    are committed: a JVM start each, so they overlap instead of queueing; each test reads its
+    own child's result."""
+    cwd = tmp_path_factory.mktemp("spark-sql")
+    w, b1, b2 = spark_env.warehouse, two_batches["b1"], two_batches["b2"]
+    runs: dict[str, SqlChild] = {}
+    try:
+        runs["plain"] = SqlChild(w, cwd, "plain", "SELECT id, qty FROM sq_shop.items ORDER BY id")
+        runs["tables"] = SqlChild(w, cwd, "tables", "--tables")
+        runs["as-of"] = SqlChild(w, cwd, "as-of", "--as-of", str(b2 - 1),
+                                 "--meta-database", "m_sq", AS_OF_QUERY)
+        runs["before"] = SqlChild(w, cwd, "before", "--as-of", str(b1 - 1),
+                                  "--meta-database", "m_sq", "SELECT 1")
+        yield runs
+    finally:
+        for c in runs.values():
+            if c.proc.poll() is None:
+                c.proc.kill()  # our own children, by pid
+                c.proc.wait()
+
+
+def test_plain_query_in_a_second_jvm(children: dict[str, SqlChild]) -> None:
     """`sluice spark-sql --warehouse W "SELECT ..."` reads the current tables the sink
     committed, from another process and JVM on the same catalog."""
-    code, out, err = sluice_sql(spark_env.warehouse, tmp_path,
-                                "SELECT id, qty FROM sq_shop.items ORDER BY id")
+    code, out, err = children["plain"].result()
     assert code == 0, err[-3000:]
     assert [(r["id"], r["qty"]) for r in json_rows(out)] == [
         (1, 100), (3, 30), (4, 40), (5, 50), (6, 60)]
 
 
-def test_tables_lists_every_table_with_its_last_commit(spark_env: SparkEnv,
-                                                       two_batches: dict[str, int],
-                                                       tmp_path: Path) -> None:
+def test_tables_lists_every_table_with_its_last_commit(two_batches: dict[str, int],
+                                                       children: dict[str, SqlChild]) -> None:
     """`--tables` names every table of the sink's namespaces with its kind and the commit_ts
     of the newest batch that wrote it (notes took part in both batches, as did items)."""
-    code, out, err = sluice_sql(spark_env.warehouse, tmp_path, "--tables")
+    code, out, err = children["tables"].result()
     assert code == 0, err[-3000:]
     got = {(r["namespace"], r["table"]): (r["kind"], r["commit_ts"]) for r in json_rows(out)
            if r["namespace"] in ("sq_shop", "m_sq")}
@@ -96,18 +138,12 @@ def test_tables_lists_every_table_with_its_last_commit(spark_env: SparkEnv,
                    ("m_sq", "_sluice_commits"): ("commits", b2)}
 
 
-def test_as_of_shows_every_table_at_one_batch_boundary(spark_env: SparkEnv,
-                                                       two_batches: dict[str, int],
-                                                       tmp_path: Path) -> None:
+def test_as_of_shows_every_table_at_one_batch_boundary(two_batches: dict[str, int],
+                                                       children: dict[str, SqlChild]) -> None:
     """`--as-of TS` between the batches: every table (current and changelog, plain and
     `<db>_<table>` names) shows the first batch's state, and stderr names that batch."""
-    b1, b2 = two_batches["b1"], two_batches["b2"]
-    query = ("SELECT 'items' AS t, id, CAST(qty AS STRING) AS v FROM items UNION ALL "
-             "SELECT 'notes', id, body FROM sq_shop_notes UNION ALL "
-             "SELECT 'items_changelog', count(*), CAST(max(_commit_ts) AS STRING) "
-             "FROM items_changelog")
-    code, out, err = sluice_sql(spark_env.warehouse, tmp_path, "--as-of", str(b2 - 1),
-                                "--meta-database", "m_sq", query)
+    b1 = two_batches["b1"]
+    code, out, err = children["as-of"].result()
     assert code == 0, err[-3000:]
     assert f"the views show batch 1 (commit_ts {b1}" in err, err[-3000:]
     got = sorted((r["t"], r["id"], r["v"]) for r in json_rows(out))
@@ -115,8 +151,7 @@ def test_as_of_shows_every_table_at_one_batch_boundary(spark_env: SparkEnv,
                          + [("notes", i, f"n{i}") for i in range(1, 4)]
                          + [("items_changelog", 5, str(T0 + 5))])
     # Before the first batch there is nothing to show: a clear error, exit 1.
-    code, out, err = sluice_sql(spark_env.warehouse, tmp_path, "--as-of", str(b1 - 1),
-                                "--meta-database", "m_sq", "SELECT 1")
+    code, out, err = children["before"].result()
     assert code == 1 and "no batch was committed at or before it" in err, err[-3000:]
 
 

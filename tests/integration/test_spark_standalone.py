@@ -22,8 +22,8 @@ import pytest
 from sluice.drainer.sink import Checkpoint
 from tests.support.procs import free_port, port_open, wait_until
 from tests.support.rows import RandomWorkload
-from tests.support.spark import (SparkEnv, drive, expected_changes, expected_rows, history,
-                                 make_sink, run, view_rows)
+from tests.support.spark import (TEST_CONF, SparkEnv, drive, expected_changes, expected_rows,
+                                 history, make_sink, run, view_rows)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
@@ -66,17 +66,19 @@ def standalone_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEn
                       "--host", "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port", "0",
                       "--work-dir", str(work / "worker"), log=work / "worker.log", home=home)
         procs.append(worker)
+        # The driver's JVM starts while the worker registers (the master is up: the driver's
+        # application waits there for the worker's executor).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        cfg = SessionConfig(master=f"spark://127.0.0.1:{port}", warehouse=str(work / "warehouse"),
+                            shuffle_partitions=1, log_level="ERROR",
+                            spark_conf={**TEST_CONF, "spark.executor.memory": "512m",
+                                        "spark.cores.max": "1", "spark.driver.memory": "768m"})
+        spark = session(cfg)
 
         def registered() -> bool:
             assert worker.poll() is None, (work / "worker.log").read_text()[-3000:]
             return "Successfully registered with master" in (work / "worker.log").read_text()
         wait_until(registered, 300, 0.2, what="the Spark worker to register")
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        cfg = SessionConfig(master=f"spark://127.0.0.1:{port}", warehouse=str(work / "warehouse"),
-                            shuffle_partitions=2, log_level="ERROR",
-                            spark_conf={"spark.executor.memory": "512m", "spark.cores.max": "1",
-                                        "spark.driver.memory": "768m"})
-        spark = session(cfg)
         yield SparkEnv(spark, work, cfg)
     finally:
         if spark is not None:

@@ -49,6 +49,8 @@ def register_producer(etcd_endpoint: str, cluster_id: int, producer_id: str, add
 
 
 def toml_value(v: object) -> str:
+    if isinstance(v, dict):   # an inline table, keys quoted (Spark's contain dots)
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(x)}" for k, x in v.items()) + "}"
     return json.dumps(v) if isinstance(v, (str, list)) else str(v).lower() if isinstance(v, bool) else str(v)
 
 
@@ -189,9 +191,11 @@ class Cluster:
             # by every instance of the name. Small, quick micro-batches: tests land few rows, and
             # a Spark session here takes 20-35 s to start, so wait for it with
             # start_drainer(wait_online=False) + wait_drainer_online(handle, timeout=...).
+            from tests.support.spark import TEST_CONF
             settings.update({"to.warehouse": str(out_dir / "warehouse"),
-                             "to.master": "local[2]", "to.shuffle-partitions": 2,
-                             "to.batch-interval": 2.0, "to.log-level": "ERROR"})
+                             "to.master": "local[2]", "to.shuffle-partitions": 1,
+                             "to.batch-interval": 2.0, "to.log-level": "ERROR",
+                             "to.spark-conf": TEST_CONF})
         settings.update(extra)
         return settings
 

@@ -26,6 +26,7 @@ from sluice.drainer.txn import Txn
 from sluice.spark_sink.config import SparkSinkConfig
 from sluice.spark_sink.sink import SparkSink
 from tests.support.rows import RandomWorkload, history_of
+from tests.support.spark import TEST_CONF
 
 FIRST_TS = 1 << 40
 SEED, TXNS, KEYS, CHUNK = 11, 239, 120, 80   # 240 txns with the schema one: 3 batches
@@ -44,10 +45,10 @@ def sink_config(warehouse: str, name: str) -> SparkSinkConfig:
     """The sink `name` with its own namespaces in the shared catalog (the same shape as
     tests/support/spark.py's SparkEnv.sink_config, so a test session reads it)."""
     return SparkSinkConfig(
-        master="local[1]", warehouse=warehouse, shuffle_partitions=2, log_level="ERROR",
+        master="local[1]", warehouse=warehouse, shuffle_partitions=1, log_level="ERROR",
         meta_database=f"m_{name}", database=f"{name}_{{schema}}",
         batch_rows=1_000_000, batch_interval=3600.0, maintenance_every=0,
-        spark_conf={"spark.ui.showConsoleProgress": "false", "spark.driver.memory": "512m"})
+        spark_conf={**TEST_CONF, "spark.driver.memory": "512m"})
 
 
 def load_state(path: Path) -> dict[str, Any]:
