@@ -35,6 +35,7 @@ from sluice.capture.snapshotter import READ_ONLY, SIGNAL_TABLE, Snapshotter, new
 from sluice.capture.writer import GroupWriter
 from sluice.client.pumps import PumpsClient
 from sluice.client.producer import ProducerServer
+from sluice.core.cli import check_etcd_reachable
 from sluice.core import config as cfg
 from sluice.core import errors
 from sluice.core import log as logsetup
@@ -97,14 +98,7 @@ def run(args: argparse.Namespace) -> int:
     source_checks(config, sp[5:] if sp.startswith("gtid:") else None)
     if args.check:
         return 0
-    etcd = Etcd(config.etcd, config.security, timeout=3)
-    try:
-        etcd.revision()
-    except errors.EtcdUnavailable as e:
-        raise errors.ConfigError(f"etcd {config.etcd}: unreachable ({e}); start etcd or fix the "
-                                 "`etcd` key") from None
-    finally:
-        etcd.close()
+    check_etcd_reachable(config.etcd, config.security)
     metrics = CaptureMetrics()
     metrics.metrics.serve(config.metrics_addr)
     return run_restarting(config, metrics)

@@ -20,6 +20,7 @@ import signal
 import threading
 from typing import Any
 
+from sluice.core.cli import check_etcd_reachable, flag_overrides
 from sluice.core import config as cfg
 from sluice.core import errors, failpoint, grpcutil
 from sluice.core import log as logsetup
@@ -59,11 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_config(args: argparse.Namespace) -> DrainerConfig:
-    overrides = list(args.overrides)
-    for flag, key in (("addr", "addr"), ("name", "name"), ("etcd", "etcd")):
-        value = getattr(args, flag, None)
-        if value:
-            overrides.append(f'{key}="{value}"')
+    overrides = flag_overrides(args, (("addr", "addr"), ("name", "name"), ("etcd", "etcd")))
     if getattr(args, "initial_commit_ts", None) is not None:
         overrides.append(f"initial-commit-ts={args.initial_commit_ts}")
     if getattr(args, "ha", None):
@@ -93,14 +90,7 @@ def tune_gc() -> None:
 
 def check_prerequisites(config: DrainerConfig) -> None:
     """What needs the network (the config itself was checked by load_config)."""
-    etcd = Etcd(config.etcd, config.security, timeout=3)
-    try:
-        etcd.revision()
-    except errors.EtcdUnavailable as e:
-        raise errors.ConfigError(f"etcd {config.etcd}: unreachable ({e}); start etcd or fix "
-                                 "the `etcd` key") from None
-    finally:
-        etcd.close()
+    check_etcd_reachable(config.etcd, config.security)
 
 
 class Drainer:

@@ -13,6 +13,7 @@ import logging
 import signal
 from pathlib import Path
 
+from sluice.core.cli import flag_overrides
 from sluice.core import config as cfg
 from sluice.core import errors, grpcutil
 from sluice.core import log as logsetup
@@ -42,12 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load_config(args: argparse.Namespace) -> PumpConfig:
-    overrides = list(args.overrides)
-    for flag, key in (("addr", "addr"), ("data_dir", "data-dir"), ("node_id", "node-id"),
-                      ("etcd", "etcd")):
-        value = getattr(args, flag, None)
-        if value:
-            overrides.append(f'{key}="{value}"')
+    overrides = flag_overrides(args, (("addr", "addr"), ("data_dir", "data-dir"),
+                                      ("node_id", "node-id"), ("etcd", "etcd")))
     config = cfg.load(PumpConfig, args.config, overrides)
     config.validate(str(args.config or "<defaults>"))
     return config
