@@ -417,7 +417,8 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
     sinks = [SINK_MYSQL]
     if a.spark:
         pollers.append(CheckpointPoller(SINK_SPARK, probes, state.etcd, state.cluster_id,
-                                        SPARK_DRAINER, PRODUCER).start())
+                                        SPARK_DRAINER, PRODUCER,
+                                        security=state.security_config()).start())
         sinks.append(SINK_SPARK)
     try:
         bench = Sysbench(src_port, PASSWORD, a.tables, a.table_size, a.threads)
@@ -444,7 +445,7 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
         if a.profile:
             out["profile"] = run_profile(a, bench, rate, probes, sinks, pids, metrics, workdir)
 
-        if a.spark:
+        if a.spark and a.steps:
             say("sluice: stopping the Spark drainer (steps go into MariaDB only)")
             stop_pid(procs[SPARK_DRAINER].pid)
             pids.pop(SPARK_DRAINER, None)
@@ -501,12 +502,19 @@ _LABEL = {"mariadb-source": "source mariadbd", "mariadb": "source mariadbd",
           "bench-probes": "bench/e2e.py (probes, pollers)"}
 
 
-def cpu_table(native: dict[str, Any], ph: dict[str, Any] | None) -> list[str]:
+def cpu_table(native: dict[str, Any], ph: dict[str, Any] | None, target: float = 0.8) -> list[str]:
     """The CPU table: ms of CPU per source transaction and % of one core for every process,
-    native and Sluice side by side, subtotals per role, then the lag percentiles."""
+    native and Sluice side by side, subtotals per role, then the lag percentiles. The last
+    column: cores the process would need at `target` x the native rate if its CPU per
+    transaction stayed as measured (ms/txn x rate / 1000)."""
     label = f"Sluice {ph['target_fraction']:.0%}" if ph else "Sluice"
+    goal_tps = target * native["tps"]
     out = [f"| process | native: ms CPU / txn | native: % of a core | {label}: ms CPU / txn "
-           f"| {label}: % of a core |", "|---|---:|---:|---:|---:|"]
+           f"| {label}: % of a core | cores at {target:g}x native ({goal_tps:,.0f} tps) |",
+           "|---|---:|---:|---:|---:|---:|"]
+
+    def cores(ms: float | None) -> str:
+        return _f(None if ms is None else ms * goal_tps / 1000, "{:.2f}")
     n_ms, n_pct = native.get("cpu_ms_per_txn", {}), native.get("cpu_pct", {})
     s_ms, s_pct = (ph or {}).get("cpu_ms_per_txn", {}), (ph or {}).get("cpu_pct", {})
     # One row per role: the native source and Sluice's source MariaDB share a row, and so do
@@ -520,23 +528,26 @@ def cpu_table(native: dict[str, Any], ph: dict[str, Any] | None) -> list[str]:
             lab = {"mariadb-source": "source mariadbd", "mariadb-replica":
                    "replica (native) / downstream (Sluice) mariadbd"}[n]
         out.append(f"| {lab} | {_f(n_ms.get(n), '{:.3f}')} | {_f(n_pct.get(n), '{:.0f}')} "
-                   f"| {_f(s_ms.get(sk), '{:.3f}')} | {_f(s_pct.get(sk), '{:.0f}')} |")
+                   f"| {_f(s_ms.get(sk), '{:.3f}')} | {_f(s_pct.get(sk), '{:.0f}')} "
+                   f"| {cores(s_ms.get(sk) if ph else n_ms.get(n))} |")
 
-    def group(ms: dict[str, float], pct: dict[str, float], keys: Any) -> str:
+    def group(ms: dict[str, float], pct: dict[str, float], keys: Any, with_cores: bool = False) -> str:
         ks = [k for k in ms if keys(k)]
         if not ks:
-            return "— | —"
-        return f"{sum(ms[k] for k in ks):.3f} | {sum(pct.get(k, 0.0) for k in ks):.0f}"
+            return "— | —" + (" | —" if with_cores else "")
+        total = sum(ms[k] for k in ks)
+        return (f"{total:.3f} | {sum(pct.get(k, 0.0) for k in ks):.0f}"
+                + (f" | {cores(total)}" if with_cores else ""))
     for title, sel in (("**source side** (source mariadbd, sysbench, bench/e2e.py)", lambda k: k in _SOURCE_SIDE),
                        ("**pipeline** (every Sluice process)", lambda k: k not in _SOURCE_SIDE + _DOWNSTREAM),
                        ("**replica / downstream**", lambda k: k in _DOWNSTREAM),
                        ("**all processes**", lambda k: True)):
         nat = group(n_ms, n_pct, sel) if not title.startswith("**pipeline") else "— | —"
-        out.append(f"| {title} | {nat} | {group(s_ms, s_pct, sel) if ph else '— | —'} |")
+        out.append(f"| {title} | {nat} | {group(s_ms, s_pct, sel, True) if ph else '— | — | —'} |")
     out.append(f"| source transactions in the window (sysbench tps) | {native['transactions']:,} "
                f"({native['tps']:,.0f} tps) | {native['window_s']:.0f} s "
                + (f"| {ph['transactions']:,} ({ph['tps']:,.0f} tps, target {ph['rate']}) | "
-                  f"{ph['window_s']:.0f} s |" if ph else "| | |"))
+                  f"{ph['window_s']:.0f} s | |" if ph else "| | | |"))
 
     def lag(d: dict[str, Any] | None) -> str:
         if not d:
@@ -546,10 +557,10 @@ def cpu_table(native: dict[str, Any], ph: dict[str, Any] | None) -> list[str]:
     nl = native["lag"].get(SINK_REPLICA)
     out.append(f"| lag p50 / p95 / p99 (s) into MariaDB (native: the replica at full speed) | "
                f"{lag(nl)} | | {lag((ph or {}).get('lag', {}).get(SINK_MYSQL))} "
-               f"| goal p99 < {P99_GOAL[SINK_MYSQL]:g} s |")
+               f"| goal p99 < {P99_GOAL[SINK_MYSQL]:g} s | |")
     if ph and SINK_SPARK in ph.get("lag", {}):
         out.append(f"| lag p50 / p95 / p99 (s) into Spark (Iceberg) | | | "
-                   f"{lag(ph['lag'][SINK_SPARK])} | goal p99 < {P99_GOAL[SINK_SPARK]:g} s |")
+                   f"{lag(ph['lag'][SINK_SPARK])} | goal p99 < {P99_GOAL[SINK_SPARK]:g} s | |")
     return out
 
 

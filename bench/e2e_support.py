@@ -321,11 +321,13 @@ class CheckpointPoller(Poller):
     """Probes committed in the Spark sink: the drainer's etcd checkpoint position for the capture."""
 
     def __init__(self, name: str, probes: Probes, etcd: str, cluster_id: int, drainer: str,
-                 producer: str, interval: float = 0.1) -> None:
+                 producer: str, interval: float = 0.1, security: Any = None) -> None:
         super().__init__(name, probes, interval)
         from sluice.core.etcd import Etcd
         from sluice.core.registry import Registry
-        self.etcd = Etcd(etcd)
+        # `sluice cluster up` runs etcd with mutual TLS unless `insecure = true`: the cluster's
+        # client certificates (a plaintext client only ever sees ConnectionFailedError).
+        self.etcd = Etcd(etcd, security if security is not None and security.enabled else None)
         self.registry = Registry(self.etcd, cluster_id)
         self.drainer, self.producer = drainer, producer
         self.seq = 0
