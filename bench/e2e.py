@@ -10,27 +10,44 @@
    MariaDB source + capture, a MySQL drainer into a downstream MariaDB this script starts (like
    the replica), and a Spark drainer (Iceberg tables, embedded catalog). The cluster's
    MariaDB gets `SET GLOBAL innodb_flush_log_at_trx_commit=2` so the source is configured as
-   the native one. sysbench at --rate = 50% of the native max for --sluice-seconds, probe rows
-   every 200 ms → lag p50/p99 into MariaDB (rows polled every 50 ms) and into Spark (the Spark
-   drainer's durable etcd checkpoint position, see bench/e2e_support.py), drain time after.
-   Then the Spark drainer is stopped and the rate is stepped (--steps, fractions of the native
-   max, --step-seconds each) into the MariaDB downstream only; the sustained rate is the source
-   tps of the largest step whose lag stays bounded: every probe seen, p99 < 3 s and the lag not
-   trending up (least-squares slope < 0.05 s per s and last third's p50 < first third's + 1 s);
-   stepping stops after a step whose lag grows (slope >= 0.05 s/s, or it did not drain).
-3. Report (stdout): a markdown table and one JSON line; per phase the %CPU of every process
-   (sysbench's and this script's included: the load generator shares the cores), a CPU budget
-   (cores used; ms CPU per source transaction for the source side, the pipeline and the
-   downstream) and the rates of the Sluice processes' Prometheus counters (where the time goes).
+   the native one. sysbench at --rate = --rate-fraction (default 0.5) of the native max for
+   --sluice-seconds, probe rows every 200 ms → lag p50/p95/p99 into MariaDB (rows polled every
+   50 ms) and into Spark (the Spark drainer's durable etcd checkpoint position, see
+   bench/e2e_support.py), drain time after.
+   --profile: then a second window at the same rate (--profile-seconds) with py-spy recording
+   the capture, each pump and each drainer (kept out of the measured window: the samplers take
+   CPU from the same cores); the top frames per process as markdown tables (self share: the
+   frame was the innermost one; total: it was on the stack; by default of the samples in which
+   the process held the GIL, i.e. of its Python CPU).
+   Then (unless --no-steps) the Spark drainer is stopped and the rate is stepped (--steps,
+   fractions of the native max, --step-seconds each) into the MariaDB downstream only; the
+   sustained rate is the source tps of the largest step whose lag stays bounded: every probe
+   seen, p99 < 3 s and the lag not trending up (least-squares slope < 0.05 s per s and last
+   third's p50 < first third's + 1 s); stepping stops after a step whose lag grows.
+3. Report (stdout): first the CPU table — for the native window and the Sluice window of the same
+   invocation, per process, **ms of CPU per source transaction** = (utime + stime from
+   /proc/<pid>/stat at the end of the sysbench run − at its start, the process's live
+   descendants and the children it reaped included: the Spark drainer's JVM is counted in the
+   Spark drainer) × 1000 / the transactions sysbench committed in that run; and % of one core
+   over the same window. sysbench's CPU comes from its own exit rusage (wait4), this script's
+   (probe writer, pollers) from getrusage(RUSAGE_SELF). Rows: source mariadbd, replica (native) /
+   downstream (Sluice) mariadbd, capture, each pump, each drainer, each TSO, etcd, the cluster
+   supervisor, sysbench, this script; subtotals source side / pipeline (every Sluice process) /
+   replica-or-downstream / all; then the lag percentiles into MariaDB (native: the replica) and
+   into Spark. Then the older summary table, %CPU and Prometheus rates per phase, the profile
+   tables, and one JSON line.
 
 Probes: a row in `bench_probe.probe` committed every 200 ms on the source, the commit's wall time
 noted when COMMIT returns; lag = first time a sink shows it − that time (one clock: this process).
 Drain time: a probe inserted the moment sysbench exits; the time until the sink shows it.
 
-    .venv/bin/python bench/e2e.py [--quick] [--no-spark] [--keep-dir]
+    .venv/bin/python bench/e2e.py [--quick] [--no-spark] [--no-steps] [--rate-fraction 0.5]
+        [--sluice-seconds 75] [--profile [--profile-seconds 30]] [--keep-dir] [--json-out F]
 
+Progress lines go to stderr (one every 10 s while a window runs: the newest probe's lag per
+sink); the machine is shared, so the load average is recorded with each phase. py-spy needs root
+(it attaches to the processes); requirements.txt pins it.
 Everything started here is stopped here, by pid (`sluice cluster down` for the cluster).
-Progress lines go to stderr; the machine is shared, so `uptime` is recorded with each phase.
 """
 from __future__ import annotations
 
@@ -56,16 +73,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil  # noqa: E402
 
-from e2e_support import (CheckpointPoller, LagSampler, LagStats, Probes, RowPoller,  # noqa: E402
-                         Sysbench, SysbenchResult, connect, cpu_percent, cpu_seconds, lag_stats,
-                         metric_rates, percentile, say, scrape)
+from e2e_support import (CheckpointPoller, LagSampler, LagStats, Probes, PySpy,  # noqa: E402
+                         RowPoller, Sysbench, SysbenchResult, connect, cpu_percent, cpu_seconds,
+                         lag_stats, metric_rates, percentile, profiles_markdown, py_spy_path, say,
+                         scrape)
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "sluice-root"
 PRODUCER = "capture-1"
 MYSQL_DRAINER, SPARK_DRAINER = "drainer-mysql", "drainer-spark"
 SINK_REPLICA, SINK_MYSQL, SINK_SPARK = "replica", "mariadb", "spark"
-P99_GOAL = {SINK_MYSQL: 3.0, SINK_SPARK: 15.0}
+P99_GOAL = {SINK_MYSQL: 3.0, SINK_SPARK: 10.0}   # issues #23 and #19
 KEEP = re.compile(r"^sluice_")
 
 
@@ -91,7 +109,11 @@ class Phase:
         c0, w0 = cpu_seconds(self.pids), time.time()
         self0 = resource.getrusage(resource.RUSAGE_SELF)
         load0 = os.getloadavg()
-        res = bench.run(seconds, rate)
+        ticker = Progress(self.name, self.probes, self.sinks, seconds).start()
+        try:
+            res = bench.run(seconds, rate)
+        finally:
+            ticker.stop()
         c1, w1 = cpu_seconds(self.pids), time.time()
         self1 = resource.getrusage(resource.RUSAGE_SELF)
         # The load generator and this script (probes, pollers) run on the same cores.
@@ -114,6 +136,11 @@ class Phase:
             "lag": {s: v.to_dict() for s, v in lags.items()},
             "drain_s": {s: None if d is None else round(d, 3) for s, d in drains.items()},
             "cpu_pct": cpu_percent(c0, c1, w1 - w0),
+            "window_s": round(w1 - w0, 2),
+            "cpu_s": {k: round(c1[k] - c0.get(k, 0.0), 3) for k in c1},
+            # CPU of each process over the sysbench run / sysbench's transactions in that run
+            "cpu_ms_per_txn": {k: round(1000 * (c1[k] - c0.get(k, 0.0)) / res.transactions, 4)
+                               for k in c1} if res.transactions else {},
             "metrics": {k: metric_rates(m0[k], m1[k], w1 - w0, KEEP) for k in m1 if m1[k]},
             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
         })
@@ -133,6 +160,40 @@ class Phase:
     @property
     def sysbench(self) -> SysbenchResult:
         return self._res
+
+
+class Progress:
+    """A progress line every `every` seconds while a phase runs: elapsed of planned, and per
+    sink the lag of the newest probe it shows and how many committed probes it does not yet."""
+
+    def __init__(self, name: str, probes: Probes, sinks: list[str], seconds: int, every: float = 10.0) -> None:
+        import threading
+        self.name, self.probes, self.sinks, self.seconds, self.every = name, probes, sinks, seconds, every
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+
+    def start(self) -> "Progress":
+        self.t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._halt.wait(self.every):
+            items = self.probes.snapshot()
+            parts = []
+            for s in self.sinks:
+                seen = [p for p in items if s in p.seen]
+                last = max(seen, key=lambda p: p.id) if seen else None
+                unseen = sum(1 for p in items if s not in p.seen)
+                parts.append(f"{s}: newest seen lag "
+                             f"{'n/a' if last is None else f'{last.seen[s] - last.committed:.2f}s'}, "
+                             f"{unseen} unseen")
+            say(f"{self.name}: {time.monotonic() - self.t0:.0f}/{self.seconds}s; " + "; ".join(parts)
+                + f"; {uptime()}")
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._thread.join(5)
 
 
 def sync_sinks(probes: Probes, sinks: list[str], timeout: float, what: str) -> None:
@@ -268,6 +329,46 @@ def stop_pid(pid: int, timeout: float = 30) -> None:
             p.wait(10)
 
 
+PROFILED = re.compile(r"^(capture|pump-\d+|drainer-.*)$")
+
+
+def run_profile(a: argparse.Namespace, bench: Sysbench, rate: int, probes: Probes, sinks: list[str],
+                pids: dict[str, int], metrics: dict[str, str], workdir: Path) -> dict[str, Any]:
+    """A second window at the same rate with py-spy on the capture, each pump and each drainer
+    (kept apart from the measured window: the samplers take CPU from the same cores)."""
+    try:
+        sync_sinks(probes, sinks, a.drain_timeout, "before profile")
+    except RuntimeError as e:
+        # A sink still behind does not stop the profile: the processes are busy either way.
+        say(f"profile: {e}; profiling anyway")
+    targets = {k: v for k, v in pids.items() if PROFILED.match(k)}
+    say(f"profile: py-spy on {', '.join(targets)} for {a.profile_seconds}s at {a.profile_rate} Hz")
+    spy = PySpy(targets, a.profile_seconds, a.profile_rate, workdir / "profiles", REPO,
+                a.profile_mode).start()
+    try:
+        ph = Phase("profile", probes, sinks, pids, metrics)
+        r = ph.run(bench, a.profile_seconds, rate, a.drain_timeout)
+        profiles = spy.finish()
+    finally:
+        spy.stop()
+    r["target_fraction"] = a.rate_fraction
+    r["pyspy_cpu_s"] = {p.name: round(p.cpu_s, 2) for p in profiles}
+    r["markdown"] = profiles_markdown(
+        profiles, a.profile_top,
+        f"py-spy {a.profile_rate} Hz, {a.profile_seconds} s, {r['tps']:,.0f} source tps "
+        f"(target {rate}), --nonblocking --function"
+        + (" --gil: shares of the samples in which a thread of the process held the GIL (its "
+           "Python CPU)" if a.profile_mode == "gil" else
+           ": shares of the samples of threads py-spy judged not idle (wall time on a loaded "
+           "machine)")
+        + "; self = the innermost Python frame, total = anywhere on the stack")
+    if a.profile_out:
+        Path(a.profile_out).write_text(r["markdown"] + "\n")
+    for p in profiles:
+        say(f"profile: {p.name}: {p.samples} samples{'; ' + p.errors if p.errors else ''}")
+    return r
+
+
 def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
                stack: contextlib.ExitStack, out: dict[str, Any]) -> dict[str, Any]:
     """Fills `out` as it goes, so a failure late in the run still reports what was measured."""
@@ -309,6 +410,8 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
         # As the native source and tests/support/mariadb.py run (sync_binlog is 0 by default).
         cur.execute("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
     pids = {name: r.pid for name, r in procs.items()}
+    if state.supervisor is not None:
+        pids["supervisor"] = state.supervisor.pid
     pids["mariadb-downstream"] = down.proc.pid  # type: ignore[union-attr]
     metrics = {name: r.metrics_addr for name, r in procs.items() if r.metrics_addr}
 
@@ -318,7 +421,8 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
     sinks = [SINK_MYSQL]
     if a.spark:
         pollers.append(CheckpointPoller(SINK_SPARK, probes, state.etcd, state.cluster_id,
-                                        SPARK_DRAINER, PRODUCER).start())
+                                        SPARK_DRAINER, PRODUCER,
+                                        security=state.security_config()).start())
         sinks.append(SINK_SPARK)
     try:
         bench = Sysbench(src_port, PASSWORD, a.tables, a.table_size, a.threads)
@@ -337,12 +441,15 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
         out["prepare_catchup_s"] = round(time.monotonic() - t0, 1)
         probes.start(a.probe_interval)
 
-        rate = max(1, round(native_tps * 0.5))
-        half = Phase("sluice-50%", probes, sinks, pids, metrics)
+        rate = max(1, round(native_tps * a.rate_fraction))
+        half = Phase(f"sluice-{a.rate_fraction:.0%}", probes, sinks, pids, metrics)
         out["half"] = half.run(bench, a.sluice_seconds, rate, a.drain_timeout)
-        out["half"]["target_fraction"] = 0.5
+        out["half"]["target_fraction"] = a.rate_fraction
 
-        if a.spark:
+        if a.profile:
+            out["profile"] = run_profile(a, bench, rate, probes, sinks, pids, metrics, workdir)
+
+        if a.spark and a.steps:
             say("sluice: stopping the Spark drainer (steps go into MariaDB only)")
             stop_pid(procs[SPARK_DRAINER].pid)
             pids.pop(SPARK_DRAINER, None)
@@ -381,6 +488,84 @@ def _f(v: Any, fmt: str = "{:.2f}", unit: str = "") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
     return fmt.format(v) + unit
+
+
+def _proc_order(name: str) -> tuple[int, str]:
+    order = ["mariadb-source", "mariadb", "mariadb-replica", "mariadb-downstream", "capture",
+             "pump-", "drainer-mysql", "drainer-", "tso-", "etcd", "supervisor", "sysbench",
+             "bench-probes"]
+    for i, prefix in enumerate(order):
+        if name == prefix or (prefix.endswith("-") and name.startswith(prefix)):
+            return i, name
+    return len(order), name
+
+
+_LABEL = {"mariadb-source": "source mariadbd", "mariadb": "source mariadbd",
+          "mariadb-replica": "replica mariadbd", "mariadb-downstream": "downstream mariadbd",
+          "drainer-spark": "drainer-spark (with its JVM)", "sysbench": "sysbench (load generator)",
+          "bench-probes": "bench/e2e.py (probes, pollers)"}
+
+
+def cpu_table(native: dict[str, Any], ph: dict[str, Any] | None, target: float = 0.8) -> list[str]:
+    """The CPU table: ms of CPU per source transaction and % of one core for every process,
+    native and Sluice side by side, subtotals per role, then the lag percentiles. The last
+    column: cores the process would need at `target` x the native rate if its CPU per
+    transaction stayed as measured (ms/txn x rate / 1000)."""
+    label = f"Sluice {ph['target_fraction']:.0%}" if ph else "Sluice"
+    goal_tps = target * native["tps"]
+    out = [f"| process | native: ms CPU / txn | native: % of a core | {label}: ms CPU / txn "
+           f"| {label}: % of a core | cores at {target:g}x native ({goal_tps:,.0f} tps) |",
+           "|---|---:|---:|---:|---:|---:|"]
+
+    def cores(ms: float | None) -> str:
+        return _f(None if ms is None else ms * goal_tps / 1000, "{:.2f}")
+    n_ms, n_pct = native.get("cpu_ms_per_txn", {}), native.get("cpu_pct", {})
+    s_ms, s_pct = (ph or {}).get("cpu_ms_per_txn", {}), (ph or {}).get("cpu_pct", {})
+    # One row per role: the native source and Sluice's source MariaDB share a row, and so do
+    # the native replica and Sluice's downstream.
+    same = {"mariadb-source": "mariadb", "mariadb-replica": "mariadb-downstream"}
+    names = sorted(set(n_ms) | {k for k in s_ms if k not in same.values()}, key=_proc_order)
+    for n in names:
+        sk = same.get(n, n)
+        lab = _LABEL.get(n, n)
+        if n in same:
+            lab = {"mariadb-source": "source mariadbd", "mariadb-replica":
+                   "replica (native) / downstream (Sluice) mariadbd"}[n]
+        out.append(f"| {lab} | {_f(n_ms.get(n), '{:.3f}')} | {_f(n_pct.get(n), '{:.0f}')} "
+                   f"| {_f(s_ms.get(sk), '{:.3f}')} | {_f(s_pct.get(sk), '{:.0f}')} "
+                   f"| {cores(s_ms.get(sk) if ph else n_ms.get(n))} |")
+
+    def group(ms: dict[str, float], pct: dict[str, float], keys: Any, with_cores: bool = False) -> str:
+        ks = [k for k in ms if keys(k)]
+        if not ks:
+            return "— | —" + (" | —" if with_cores else "")
+        total = sum(ms[k] for k in ks)
+        return (f"{total:.3f} | {sum(pct.get(k, 0.0) for k in ks):.0f}"
+                + (f" | {cores(total)}" if with_cores else ""))
+    for title, sel in (("**source side** (source mariadbd, sysbench, bench/e2e.py)", lambda k: k in _SOURCE_SIDE),
+                       ("**pipeline** (every Sluice process)", lambda k: k not in _SOURCE_SIDE + _DOWNSTREAM),
+                       ("**replica / downstream**", lambda k: k in _DOWNSTREAM),
+                       ("**all processes**", lambda k: True)):
+        nat = group(n_ms, n_pct, sel) if not title.startswith("**pipeline") else "— | —"
+        out.append(f"| {title} | {nat} | {group(s_ms, s_pct, sel, True) if ph else '— | — | —'} |")
+    out.append(f"| source transactions in the window (sysbench tps) | {native['transactions']:,} "
+               f"({native['tps']:,.0f} tps) | {native['window_s']:.0f} s "
+               + (f"| {ph['transactions']:,} ({ph['tps']:,.0f} tps, target {ph['rate']}) | "
+                  f"{ph['window_s']:.0f} s | |" if ph else "| | | |"))
+
+    def lag(d: dict[str, Any] | None) -> str:
+        if not d:
+            return "n/a"
+        miss = f", {d['missing']} of {d['probes']} unseen" if d.get("missing") else ""
+        return f"{_f(d['p50'])} / {_f(d['p95'])} / {_f(d['p99'])}{miss}"
+    nl = native["lag"].get(SINK_REPLICA)
+    out.append(f"| lag p50 / p95 / p99 (s) into MariaDB (native: the replica at full speed) | "
+               f"{lag(nl)} | | {lag((ph or {}).get('lag', {}).get(SINK_MYSQL))} "
+               f"| goal p99 < {P99_GOAL[SINK_MYSQL]:g} s | |")
+    if ph and SINK_SPARK in ph.get("lag", {}):
+        out.append(f"| lag p50 / p95 / p99 (s) into Spark (Iceberg) | | | "
+                   f"{lag(ph['lag'][SINK_SPARK])} | goal p99 < {P99_GOAL[SINK_SPARK]:g} s | |")
+    return out
 
 
 def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any] | None,
@@ -426,6 +611,12 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
     print(f"machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
           f"started {started} UTC; {uptime()} at the end")
     print("baseline: MariaDB 10.11 native GTID replication (source -> replica, one SQL thread)\n")
+    half = sluice.get("half") if sluice else None
+    print("CPU per source transaction (each process's utime+stime from /proc/<pid>/stat, its "
+          "children included, over the sysbench run / sysbench's transactions in it):\n")
+    for line in cpu_table(native, half):
+        print(line)
+    print()
     print("| what | native | sluice | ratio | note |")
     print("|---|---|---|---|---|")
     for r in rows:
@@ -442,6 +633,12 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
         print(f"\nwhere the time goes, {ph['phase']} ({ph['tps']:,.0f} source tps):")
         for line in profile_lines(ph):
             print("- " + line)
+    if sluice and "profile" in sluice:
+        pr = sluice["profile"]
+        print(f"\nprofile window ({pr['tps']:,.0f} source tps): %CPU {json.dumps(pr['cpu_pct'])}; "
+              f"py-spy CPU s {json.dumps(pr['pyspy_cpu_s'])}; lag p99 "
+              + ", ".join(f"{k} {_f(v['p99'])} s" for k, v in pr["lag"].items()) + "\n")
+        print(pr["markdown"])
     if sluice and "spark_error" in sluice:
         print(f"\nSPARK NOT MEASURED: {sluice['spark_error']}")
     if sluice and "error" in sluice:
@@ -515,6 +712,18 @@ def main() -> int:
     ap.add_argument("--step-seconds", type=int, default=30)
     ap.add_argument("--steps", default="0.5,0.75,1.0,1.25",
                     help="step rates as fractions of the native max (comma-separated)")
+    ap.add_argument("--rate-fraction", type=float, default=0.5,
+                    help="the Sluice window's sysbench --rate as a fraction of the native max")
+    ap.add_argument("--no-steps", action="store_true", help="skip the rate steps")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the measured window, a window at the same rate with py-spy on "
+                         "capture, pumps and drainers; top frames as markdown tables")
+    ap.add_argument("--profile-seconds", type=int, default=30)
+    ap.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second")
+    ap.add_argument("--profile-top", type=int, default=12, help="frames per table")
+    ap.add_argument("--profile-mode", choices=("gil", "active"), default="gil",
+                    help="gil: sample the GIL holder (Python CPU); active: every non-idle thread")
+    ap.add_argument("--profile-out", help="also write the profile tables to this markdown file")
     ap.add_argument("--probe-interval", type=float, default=0.2)
     ap.add_argument("--drain-timeout", type=float, default=120.0)
     ap.add_argument("--catchup-timeout", type=float, default=300.0)
@@ -527,7 +736,16 @@ def main() -> int:
         a.tables, a.table_size = 2, 2000
         a.native_seconds, a.sluice_seconds, a.step_seconds = 15, 20, 12
         a.steps, a.drain_timeout = "0.5,1.0", 60.0
-    a.steps = [float(x) for x in str(a.steps).split(",") if x.strip()]
+    a.steps = [] if a.no_steps else [float(x) for x in str(a.steps).split(",") if x.strip()]
+    if not 0 < a.rate_fraction <= 4:
+        print(f"e2e: --rate-fraction {a.rate_fraction}: must be in (0, 4]", file=sys.stderr)
+        return 2
+    if a.profile and py_spy_path() is None:
+        print("e2e: --profile needs py-spy (.venv/bin/pip install -r requirements.txt)", file=sys.stderr)
+        return 2
+    if a.profile and os.geteuid() != 0:
+        print("e2e: --profile needs root (py-spy attaches to other processes)", file=sys.stderr)
+        return 2
     for tool in ("sysbench", "mariadbd", "etcd"):
         if shutil.which(tool) is None:
             print(f"e2e: `{tool}` not found on PATH (apt-get install {tool})", file=sys.stderr)

@@ -17,10 +17,11 @@ lag = seen − committed; both clocks are this process's `time.time()`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
-import resource
 import subprocess
 import sys
 import threading
@@ -31,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pymysql
 
 PROBE_DB = "bench_probe"
@@ -84,23 +84,38 @@ class Sysbench:
         if rate:
             extra.append(f"--rate={rate}")
         started = time.time()
-        # sysbench's own CPU (the load generator shares the machine): the only child that ends
-        # while this runs, so the children's rusage delta is its.
-        children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.Popen(self.argv("run", *extra), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
-        try:
-            text, _ = proc.communicate(timeout=seconds + 60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            text, _ = proc.communicate(timeout=10)
-            raise RuntimeError(f"sysbench ran past {seconds + 60}s:\n{text[-2000:]}")
+        chunks: list[str] = []
+        reader = threading.Thread(target=lambda: chunks.append(proc.stdout.read()),  # type: ignore[union-attr]
+                                  name="sysbench-out", daemon=True)
+        reader.start()
+        # sysbench's own CPU (the load generator shares the machine), from its exit rusage.
+        code, cpu_s = wait_rusage(proc, seconds + 60)
         ended = time.time()
-        if proc.returncode != 0:
-            raise RuntimeError(f"sysbench run failed ({proc.returncode}):\n{text[-3000:]}")
-        children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu_s = (children1.ru_utime - children0.ru_utime) + (children1.ru_stime - children0.ru_stime)
+        reader.join(10)
+        text = "".join(chunks)
+        if code is None:
+            raise RuntimeError(f"sysbench ran past {seconds + 60}s:\n{text[-2000:]}")
+        if code != 0:
+            raise RuntimeError(f"sysbench run failed ({code}):\n{text[-3000:]}")
         return SysbenchResult.parse(text, started, ended, rate, cpu_s)
+
+
+def wait_rusage(proc: subprocess.Popen[Any], timeout: float) -> tuple[int | None, float]:
+    """Wait for a child we started and return (exit code, its user+system CPU seconds, its own
+    children included) from wait4; (None, cpu) if it ran past `timeout` (then it is killed)."""
+    deadline = time.monotonic() + timeout
+    killed = False
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return (None if killed else proc.returncode), ru.ru_utime + ru.ru_stime
+        if time.monotonic() > deadline and not killed:
+            proc.kill()
+            killed = True
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True)
@@ -306,11 +321,13 @@ class CheckpointPoller(Poller):
     """Probes committed in the Spark sink: the drainer's etcd checkpoint position for the capture."""
 
     def __init__(self, name: str, probes: Probes, etcd: str, cluster_id: int, drainer: str,
-                 producer: str, interval: float = 0.1) -> None:
+                 producer: str, interval: float = 0.1, security: Any = None) -> None:
         super().__init__(name, probes, interval)
         from sluice.core.etcd import Etcd
         from sluice.core.registry import Registry
-        self.etcd = Etcd(etcd)
+        # `sluice cluster up` runs etcd with mutual TLS unless `insecure = true`: the cluster's
+        # client certificates (a plaintext client only ever sees ConnectionFailedError).
+        self.etcd = Etcd(etcd, security if security is not None and security.enabled else None)
         self.registry = Registry(self.etcd, cluster_id)
         self.drainer, self.producer = drainer, producer
         self.seq = 0
@@ -381,6 +398,7 @@ class LagStats:
     probes: int
     missing: int               # never seen before the deadline
     p50: float
+    p95: float
     p99: float
     max: float
     slope: float               # lag growth, seconds of lag per second of run (least squares)
@@ -404,7 +422,8 @@ def lag_stats(probes: list[Probe], sink: str, t0: float, t1: float) -> LagStats:
         den = sum((x - mx) ** 2 for x, _ in pts)
         slope = sum((x - mx) * (y - my) for x, y in pts) / den if den else math.nan
     third = max(1, len(pts) // 3)
-    return LagStats(len(window), len(window) - len(pts), percentile(lags, 50), percentile(lags, 99),
+    return LagStats(len(window), len(window) - len(pts), percentile(lags, 50), percentile(lags, 95),
+                    percentile(lags, 99),
                     max(lags) if lags else math.nan, slope,
                     percentile([y for _, y in pts[:third]], 50),
                     percentile([y for _, y in pts[-third:]], 50))
@@ -414,23 +433,54 @@ def lag_stats(probes: list[Probe], sink: str, t0: float, t1: float) -> LagStats:
 # Where the time goes: CPU per process, Prometheus counters
 # ---------------------------------------------------------------------------------------------
 
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User+system CPU seconds of each named process and its children (a Spark drainer's JVM)."""
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> tuple[int, float] | None:
+    """(ppid, utime+stime+cutime+cstime in seconds) from /proc/<pid>/stat; None if gone.
+
+    cutime/cstime hold the children this process has waited for; its live children are counted
+    by walking the process tree (`proc_cpu_seconds`)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    # comm (field 2) may hold spaces and parentheses: the fields after it start after the last ')'.
+    f = raw[raw.rindex(")") + 2:].split()
+    # f[0] is field 3 (state): ppid is field 4, utime..cstime are fields 14..17.
+    return int(f[1]), sum(int(x) for x in f[11:15]) / CLK_TCK
+
+
+def proc_cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User+system CPU seconds of each named process, its live descendants (a Spark drainer's
+    JVM, started by spark-submit's shell) and the descendants it has reaped, read from
+    /proc/<pid>/stat. A descendant that is itself named is counted under its own name only (the
+    cluster's supervisor is every Sluice process's parent). A name whose process is gone is
+    left out."""
+    stats: dict[int, tuple[int, float]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _proc_stat(int(d))
+            if st is not None:
+                stats[int(d)] = st
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        kids.setdefault(ppid, []).append(pid)
+    named = set(pids.values())
     out: dict[str, float] = {}
-    for name, pid in pids.items():
-        total = 0.0
-        try:
-            p = psutil.Process(pid)
-            for q in [p, *p.children(recursive=True)]:
-                try:
-                    t = q.cpu_times()
-                    total += t.user + t.system
-                except psutil.Error:
-                    pass
-        except psutil.Error:
+    for name, root in pids.items():
+        if root not in stats:
             continue
+        total, todo = 0.0, [root]
+        while todo:
+            pid = todo.pop()
+            total += stats[pid][1]
+            todo.extend(k for k in kids.get(pid, ()) if k not in named)
         out[name] = total
     return out
+
+
+cpu_seconds = proc_cpu_seconds
 
 
 def cpu_percent(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -477,3 +527,162 @@ def metric_rates(before: dict[str, float], after: dict[str, float], seconds: flo
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiles: py-spy sampling of the Sluice processes under load
+# ---------------------------------------------------------------------------------------------
+
+def py_spy_path() -> str | None:
+    """py-spy from this venv (requirements.txt pins it), else from PATH."""
+    here = Path(sys.executable).with_name("py-spy")
+    if here.exists():
+        return str(here)
+    import shutil
+    return shutil.which("py-spy")
+
+
+@dataclass
+class Profile:
+    name: str
+    pid: int
+    samples: int = 0                       # samples kept (GIL holder, or non-idle threads)
+    errors: str = ""                       # py-spy's complaint, if it produced nothing
+    self_counts: dict[str, int] = field(default_factory=dict)    # leaf frame -> samples
+    total_counts: dict[str, int] = field(default_factory=dict)   # frame on the stack -> samples
+    cpu_s: float = math.nan                # py-spy's own CPU
+
+    def top(self, n: int) -> list[tuple[str, float, float]]:
+        """The n frames with the largest self share: (frame, self share, total share)."""
+        if not self.samples:
+            return []
+        rows = sorted(self.self_counts.items(), key=lambda kv: -kv[1])[:n]
+        return [(f, c / self.samples, self.total_counts.get(f, 0) / self.samples) for f, c in rows]
+
+    def top_total(self, n: int, skip: set[str]) -> list[tuple[str, float]]:
+        """The n frames with the largest inclusive share not in `skip` (the module level and
+        event-loop frames every stack passes through)."""
+        if not self.samples:
+            return []
+        rows = [(f, c) for f, c in self.total_counts.items() if f not in skip]
+        rows.sort(key=lambda kv: -kv[1])
+        return [(f, c / self.samples) for f, c in rows[:n]]
+
+
+_FRAME = re.compile(r"^(?P<fn>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
+
+
+def short_frame(frame: str, repo: Path) -> str:
+    """`func (path:line)` with the path made short: repo-relative, or from site-packages on."""
+    m = _FRAME.match(frame)
+    if not m:
+        return frame
+    path = m.group("file")
+    for prefix in (str(repo) + "/", "site-packages/", "/lib/python3"):
+        i = path.find(prefix)
+        if i >= 0:
+            path = path[i + len(prefix):] if prefix != "/lib/python3" else "stdlib:" + path.rsplit("/", 1)[-1]
+            break
+    return f"{m.group('fn')} ({path}{':' + m.group('line') if m.group('line') else ''})"
+
+
+def parse_collapsed(text: str, repo: Path) -> tuple[int, dict[str, int], dict[str, int]]:
+    """py-spy's raw (collapsed stacks) output: `root;...;leaf count` per line →
+    (samples, leaf frame counts, inclusive frame counts, each frame counted once per stack)."""
+    samples, leaf, total = 0, {}, {}
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [short_frame(f, repo) for f in stack.split(";")]
+        samples += n
+        leaf[frames[-1]] = leaf.get(frames[-1], 0) + n
+        for f in set(frames):
+            total[f] = total.get(f, 0) + n
+    return samples, leaf, total
+
+
+class PySpy:
+    """`py-spy record --format raw` on several processes at once for a bounded time.
+
+    --nonblocking: the target is not paused for each sample (a paused capture would add lag to
+    what is measured); a sample may then see a stack mid-change, a small error on shares.
+    --function: samples are grouped by function, not by line.
+    mode "gil" (--gil): only the thread holding the GIL is sampled, so a share is of the time
+    the process ran Python code or native code called with the GIL held (the Rust core, C
+    extensions that keep it): its Python CPU. mode "active": every thread py-spy does not judge
+    idle; on a loaded machine a thread waiting for a core or a reply (select, socket reads)
+    often counts as active, so these shares are of wall time, not of CPU."""
+
+    def __init__(self, pids: dict[str, int], seconds: int, rate: int, outdir: Path, repo: Path,
+                 mode: str = "gil") -> None:
+        self.pids, self.seconds, self.rate, self.mode = pids, seconds, rate, mode
+        self.outdir, self.repo = outdir, repo
+        self.procs: dict[str, tuple[subprocess.Popen[Any], Path, Path]] = {}
+
+    def start(self) -> "PySpy":
+        exe = py_spy_path()
+        if exe is None:
+            raise RuntimeError("py-spy not found: .venv/bin/pip install -r requirements.txt")
+        self.outdir.mkdir(parents=True, exist_ok=True)
+        for name, pid in self.pids.items():
+            out, log = self.outdir / f"{name}.collapsed", self.outdir / f"{name}.log"
+            argv = [exe, "record", "--pid", str(pid), "--format", "raw", "--output", str(out),
+                    "--duration", str(self.seconds), "--rate", str(self.rate), "--nonblocking",
+                    "--function", *(["--gil"] if self.mode == "gil" else [])]
+            with log.open("w") as f:
+                self.procs[name] = (subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
+                                                     stdin=subprocess.DEVNULL), out, log)
+        return self
+
+    def finish(self) -> list[Profile]:
+        """Wait for every recorder (bounded) and parse what each wrote."""
+        out: list[Profile] = []
+        for name, (proc, path, log) in self.procs.items():
+            code, cpu = wait_rusage(proc, self.seconds + 60)
+            prof = Profile(name, self.pids[name], cpu_s=cpu)
+            text = path.read_text(errors="replace") if path.exists() else ""
+            prof.samples, prof.self_counts, prof.total_counts = parse_collapsed(text, self.repo)
+            if code != 0 or not prof.samples:
+                prof.errors = f"py-spy exit {code}: " + " ".join(
+                    log.read_text(errors="replace").split())[-300:]
+            out.append(prof)
+        return out
+
+    def stop(self) -> None:
+        for proc, _, _ in self.procs.values():
+            if proc.returncode is None and proc.poll() is None:
+                proc.kill()
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(proc.pid, 0)
+
+
+# Frames every stack of a process passes through; left out of the inclusive ranking.
+_ROOTISH = re.compile(r"^(?:[\w<>.]+\.)?(<module>|_run_module_as_main|_run_code|run|run_forever|"
+                      r"run_until_complete|_run_once|_run|main|_bootstrap|_bootstrap_inner|"
+                      r"select|_main|wrapper|invoke|__call__|cli|serve|_worker) \(")
+
+
+def profiles_markdown(profiles: list[Profile], top: int, header: str) -> str:
+    """One markdown table per process: the top frames by self share, with their inclusive
+    share, then the largest inclusive frames (the entry points where the time is spent)."""
+    lines = [header, ""]
+    for p in profiles:
+        lines.append(f"**{p.name}** (pid {p.pid}): {p.samples:,} samples"
+                     + (f"; py-spy used {p.cpu_s:.1f} s CPU" if not math.isnan(p.cpu_s) else "")
+                     + (f"; {p.errors}" if p.errors else ""))
+        lines.append("")
+        if not p.samples:
+            continue
+        lines += ["| frame (self time) | self | total |", "|---|---:|---:|"]
+        for f, s_, t in p.top(top):
+            lines.append(f"| `{f}` | {s_:.1%} | {t:.1%} |")
+        skip = {f for f in p.total_counts if _ROOTISH.match(f)}
+        inc = p.top_total(top, skip)
+        if inc:
+            lines += ["", "| frame (inclusive) | total |", "|---|---:|"]
+            for f, t in inc:
+                lines.append(f"| `{f}` | {t:.1%} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""bench/e2e_support.py's measuring pieces, on real processes: CPU read from /proc counts a
+process's children, a child's own CPU comes from its exit rusage, py-spy's collapsed stacks
+become self/total shares."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+from e2e_support import (Probe, lag_stats, parse_collapsed, proc_cpu_seconds,  # noqa: E402
+                         profiles_markdown, Profile, wait_rusage)
+
+BURN = "import time\nt=time.process_time()\nwhile time.process_time()-t<{s}: pass\n"
+
+
+CHILD = BURN.format(s=0.5) + "import sys\nprint('burned', flush=True)\nsys.stdin.read()\n"
+PARENT = ("import subprocess, sys, time\n"
+          f"c = subprocess.Popen([sys.executable, '-c', {CHILD!r}], stdin=subprocess.PIPE)\n"
+          "sys.stdin.readline(); c.stdin.close(); c.wait()\n"
+          "print('reaped', flush=True); time.sleep(60)\n")
+
+
+@pytest.mark.timeout(60)
+def test_proc_cpu_counts_live_and_reaped_children() -> None:
+    """A parent that only waits is charged for the CPU its live child burns (a Spark drainer's
+    JVM is such a child), still after it has reaped that child, and a gone process is left out."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "burned"    # the child is alive, burned 0.5 s
+        live = proc_cpu_seconds({"p": parent.pid, "gone": 2 ** 22 + 7})
+        assert "gone" not in live
+        assert live["p"] >= 0.5, live
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "reaped"    # now in cutime + cstime
+        after = proc_cpu_seconds({"p": parent.pid})
+        assert after["p"] >= live["p"] - 0.02, (live, after)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+@pytest.mark.timeout(60)
+def test_wait_rusage_is_the_childs_cpu_and_exit_code() -> None:
+    """wait_rusage gives one child's own CPU and exit code, and kills it at the timeout."""
+    p = subprocess.Popen([sys.executable, "-c", BURN.format(s=0.5) + "raise SystemExit(3)"])
+    code, cpu = wait_rusage(p, 30)
+    assert code == 3 and 0.45 <= cpu < 5, (code, cpu)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    t0 = time.monotonic()
+    code, _ = wait_rusage(p, 0.5)
+    assert code is None and time.monotonic() - t0 < 10 and p.returncode is not None
+
+
+def test_collapsed_stacks_to_shares() -> None:
+    """Self share counts the innermost frame; total counts a frame once per stack even when it
+    recurses; paths are made repo-relative."""
+    text = (f"<module> (x.py:1);f ({REPO}/capture/a.py:3);g (b.py:4) 30\n"
+            f"<module> (x.py:1);f ({REPO}/capture/a.py:3);f ({REPO}/capture/a.py:3) 10\n"
+            "garbage line\n")
+    n, leaf, total = parse_collapsed(text, REPO)
+    assert n == 40
+    assert leaf == {"g (b.py:4)": 30, "f (capture/a.py:3)": 10}
+    assert total["f (capture/a.py:3)"] == 40 and total["<module> (x.py:1)"] == 40
+    prof = Profile("capture", 1, n, "", leaf, total)
+    assert prof.top(1) == [("g (b.py:4)", 0.75, 0.75)]
+    md = profiles_markdown([prof], 5, "hdr")
+    assert "| `g (b.py:4)` | 75.0% | 75.0% |" in md and "| `f (capture/a.py:3)` | 100.0% |" in md
+
+
+def test_lag_percentiles_and_missing() -> None:
+    """Lag percentiles are nearest-rank over the probes seen; unseen probes count as missing."""
+    probes = [Probe(i, 100.0 + i, i, "x", {"s": 100.0 + i + i / 100}) for i in range(1, 101)]
+    probes.append(Probe(101, 150.0, 101, "x"))
+    st = lag_stats(probes, "s", 100.0, 300.0)
+    assert (st.p50, st.p95, st.p99) == pytest.approx((0.5, 0.95, 0.99))
+    assert (st.probes, st.missing) == (101, 1)
