@@ -674,15 +674,17 @@ class SparkSink(Sink):
         nrows = sum(len(buf.rows[t]) for t in order)
 
         def marker() -> None:
-            def write(b: str) -> None:
-                import datetime as _dt
-                df = spark.createDataFrame(
-                    [(batch, self._epoch, self._owner, buf.last_ts, nrows, heads,
-                      _dt.datetime.now(_dt.timezone.utc))],
-                    "batch BIGINT, epoch BIGINT, drainer STRING, commit_ts BIGINT, rows BIGINT, "
-                    "tables MAP<STRING, BIGINT>, committed_at TIMESTAMP")
-                df.writeTo(b).append()
-            pub.publish(self.meta_db, COMMITS, summary, write)
+            # One row as SQL literals: a local relation planned in the JVM, instead of a Python
+            # row pickled through createDataFrame with a schema string to parse.
+            import datetime as _dt
+            now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+            tables = ", ".join(f"{T.sql_str(k)}, CAST({v} AS BIGINT)" for k, v in sorted(heads.items()))
+            values = (f"CAST({batch} AS BIGINT), CAST({self._epoch} AS BIGINT), "
+                      f"{T.sql_str(self._owner)}, CAST({buf.last_ts} AS BIGINT), "
+                      f"CAST({nrows} AS BIGINT), "
+                      f"CAST(map({tables}) AS MAP<STRING, BIGINT>), TIMESTAMP '{now}+00:00'")
+            pub.publish(self.meta_db, COMMITS, summary,
+                        lambda b: spark.sql(f"INSERT INTO {b} VALUES ({values})"))
         self._with_retry(marker)
         failpoint.inject("spark-after-marker")
         self._last = Committed(batch, self._epoch, buf.last_ts)
