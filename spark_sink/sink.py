@@ -636,16 +636,35 @@ class SparkSink(BackgroundSink):
         timing = {"changelog_s": 0.0, "current_s": 0.0}
         for i, tid in enumerate(order):
             st, rows = states[tid], buf.rows[tid]
+            # One DataFrame for both of the table's writes (rebuilt only if a lost race moved a
+            # skip point below the rows it holds).
+            frame: list[W.BatchFrame | None] = [None]
+
+            def frame_for(skip: int, st: T.TableState = st, rows: list[Any] = rows) -> W.BatchFrame | None:
+                f = frame[0]
+                if f is not None and skip >= f.since:
+                    return f
+                low = min([skip] + [pub.heads[(st.db, t)].commit_ts for t in (st.changelog, st.name)
+                                    if (st.db, t) in pub.heads])
+                todo = [r for r in rows if r[1] > low]
+                if not todo:
+                    return None
+                t = time.monotonic()
+                f = frame[0] = W.BatchFrame(spark, st, todo, low)
+                timing["convert_s"] = timing.get("convert_s", 0.0) + time.monotonic() - t
+                return f
+
             for which, table in (("changelog", st.changelog), ("current", st.name)):
                 t = time.monotonic()
 
                 def one(which: str = which, table: str = table) -> None:
                     skip = pub.heads[(st.db, table)].commit_ts
-                    todo = [r for r in rows if r[1] > skip]
-                    if not todo:
+                    if not any(r[1] > skip for r in reversed(rows)):
                         return
-                    write = W.write_changelog if which == "changelog" else W.write_current
-                    pub.publish(st.db, table, summary, lambda b: write(spark, st, todo, b))
+                    f = frame_for(skip)
+                    assert f is not None
+                    write = f.write_changelog if which == "changelog" else f.write_current
+                    pub.publish(st.db, table, summary, lambda b: write(b, skip))
                 self._with_retry(one)
                 timing[f"{which}_s"] += time.monotonic() - t
                 if i == 0 and which == "changelog":
@@ -658,15 +677,17 @@ class SparkSink(BackgroundSink):
         nrows = sum(len(buf.rows[t]) for t in order)
 
         def marker() -> None:
-            def write(b: str) -> None:
-                import datetime as _dt
-                df = spark.createDataFrame(
-                    [(batch, self._epoch, self._owner, buf.last_ts, nrows, heads,
-                      _dt.datetime.now(_dt.timezone.utc))],
-                    "batch BIGINT, epoch BIGINT, drainer STRING, commit_ts BIGINT, rows BIGINT, "
-                    "tables MAP<STRING, BIGINT>, committed_at TIMESTAMP")
-                df.writeTo(b).append()
-            pub.publish(self.meta_db, COMMITS, summary, write)
+            # One row as SQL literals: a local relation planned in the JVM, instead of a Python
+            # row pickled through createDataFrame with a schema string to parse.
+            import datetime as _dt
+            now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+            tables = ", ".join(f"{T.sql_str(k)}, CAST({v} AS BIGINT)" for k, v in sorted(heads.items()))
+            values = (f"CAST({batch} AS BIGINT), CAST({self._epoch} AS BIGINT), "
+                      f"{T.sql_str(self._owner)}, CAST({buf.last_ts} AS BIGINT), "
+                      f"CAST({nrows} AS BIGINT), "
+                      f"CAST(map({tables}) AS MAP<STRING, BIGINT>), TIMESTAMP '{now}+00:00'")
+            pub.publish(self.meta_db, COMMITS, summary,
+                        lambda b: spark.sql(f"INSERT INTO {b} VALUES ({values})"))
         self._with_retry(marker)
         failpoint.inject("spark-after-marker")
         self._last = Committed(batch, self._epoch, buf.last_ts)

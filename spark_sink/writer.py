@@ -2,8 +2,12 @@
 current state's MERGE (keyed tables) or multiset rewrite (keyless ones), TRUNCATE, and the
 value-keeping cast of a column whose type Iceberg cannot promote.
 
-Rows arrive as tuples `(*CHANGELOG_META values, *values of the state's columns)`; they become an
-Arrow table (built in C, no per-row pickling) and a Spark DataFrame from it.
+Rows arrive as tuples `(*CHANGELOG_META values, *values of the state's columns)`; a table's rows
+of a batch become ONE Arrow table (built in C, no per-row pickling) and ONE Spark DataFrame
+(`BatchFrame`), which both the changelog append and the current-state MERGE read: the rows cross
+from Python to the JVM once. A keyed table's frame carries `_sluice_latest`, true on the batch's
+last change of each key (computed here, in one pass over the rows), so the MERGE reads the
+batch already reduced to one change per key, with no window or shuffle of its own.
 
 Invariants:
 - The current state of a keyed table applies, per key, the batch's last change by
@@ -22,6 +26,7 @@ from sluice.spark_sink.tables import CHANGELOG_META, CURRENT_META, TableState, q
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)$")
 BATCH_VIEW = "sluice_batch"
+LATEST = "_sluice_latest"   # frame-only column: the batch's last change of its key
 _OP, _CTS, _SEQ = 0, 1, 2
 _META_WIDTH = len(CHANGELOG_META)
 
@@ -42,8 +47,35 @@ def arrow_type(spark_ddl: str) -> Any:
     raise ValueError(f"no Arrow type for Spark type {spark_ddl!r}")
 
 
-def changelog_frame(spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]]) -> Any:
-    """The changelog DataFrame of rows: every changelog column (unmapped ones NULL)."""
+def latest_mask(st: TableState, rows: Sequence[tuple[Any, ...]]) -> list[bool]:
+    """True on each key's last change in rows by (`_commit_ts`, `_seq`). Keys compare as Python
+    values (binary strings, exact decimals), as Spark's `<=>` compares them."""
+    names = [c.name.lower() for c in st.columns]
+    pos = [_META_WIDTH + names.index(k.lower()) for k in st.key]
+    order = [(r[_CTS], r[_SEQ]) for r in rows]
+    if any(a > b for a, b in zip(order, order[1:])):
+        # Buffered in stream order, so this is only a defensive path (a replay's rows).
+        idx = sorted(range(len(rows)), key=order.__getitem__)
+    else:
+        idx = range(len(rows))
+    last: dict[Any, int] = {}
+    if len(pos) == 1:
+        p = pos[0]
+        for i in idx:
+            last[rows[i][p]] = i
+    else:
+        for i in idx:
+            r = rows[i]
+            last[tuple(r[j] for j in pos)] = i
+    mask = [False] * len(rows)
+    for i in last.values():
+        mask[i] = True
+    return mask
+
+
+def batch_arrow(st: TableState, rows: Sequence[tuple[Any, ...]]) -> Any:
+    """rows as an Arrow table: every changelog column (unmapped ones NULL), and for a keyed
+    table the `_sluice_latest` mask."""
     import pyarrow as pa
     cols = [*CHANGELOG_META, *((c.cl, c.stype) for c in st.columns)]
     extra = list(st.cl_extra)
@@ -52,21 +84,62 @@ def changelog_frame(spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]])
     arrays = [pa.array(v, type=arrow_type(t)) for v, (_, t) in zip(data, cols)]
     arrays += [pa.nulls(n, type=arrow_type(t)) for _, t in extra]
     names = [c for c, _ in cols] + [c for c, _ in extra]
-    return spark.createDataFrame(pa.Table.from_arrays(arrays, names=names))
+    if st.key:
+        arrays.append(pa.array(latest_mask(st, rows), type=pa.bool_()))
+        names.append(LATEST)
+    return pa.Table.from_arrays(arrays, names=names)
+
+
+class BatchFrame:
+    """One table's rows of a batch as one Spark DataFrame, built once for both of its writes.
+    `since`: the rows are those with `_commit_ts` > since (the lower of the two skip points)."""
+
+    def __init__(self, spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]], since: int) -> None:
+        self.spark, self.st, self.since = spark, st, since
+        self.frame = spark.createDataFrame(batch_arrow(st, rows))
+
+    def after(self, skip: int) -> Any:
+        """The frame's rows with `_commit_ts` > skip (skip >= since)."""
+        if skip <= self.since:
+            return self.frame
+        from pyspark.sql import functions as F
+        return self.frame.where(F.col("_commit_ts") > F.lit(skip))
+
+    def write_changelog(self, target: str, skip: int) -> None:
+        df = self.after(skip)
+        (df.drop(LATEST) if self.st.key else df).writeTo(target).append()
+
+    def write_current(self, target: str, skip: int) -> None:
+        self.after(skip).createOrReplaceTempView(BATCH_VIEW)
+        try:
+            if self.st.key:
+                self.spark.sql(current_sql(self.st, target))
+            else:
+                from pyspark.sql import functions as F
+                self.spark.sql(keyless_sql(self.st, target)).writeTo(target).overwrite(F.lit(True))
+        finally:
+            self.spark.catalog.dropTempView(BATCH_VIEW)
+
+
+def changelog_frame(spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]]) -> Any:
+    """The changelog DataFrame of rows: every changelog column (unmapped ones NULL)."""
+    df = spark.createDataFrame(batch_arrow(st, rows))
+    return df.drop(LATEST) if st.key else df
 
 
 def current_sql(st: TableState, target: str) -> str:
-    """The statement that applies the batch view to a keyed current table."""
+    """The statement that applies the batch view (one change per key: `_sluice_latest`) to a
+    keyed current table."""
     names = [c.name for c in st.columns]
     keys = list(st.key)
-    part = ", ".join(q(k) for k in keys)
     on = " AND ".join(f"t.{q(k)} <=> s.{q(k)}" for k in keys)
     assign = ", ".join(f"t.{q(n)} = s.{q(n)}" for n in [*names, *(m for m, _ in CURRENT_META)])
     ins_cols = ", ".join(q(n) for n in [*names, *(m for m, _ in CURRENT_META)])
     ins_vals = ", ".join(f"s.{q(n)}" for n in [*names, *(m for m, _ in CURRENT_META)])
-    return (f"MERGE INTO {target} t USING (SELECT * FROM (SELECT *, row_number() OVER "
-            f"(PARTITION BY {part} ORDER BY `_commit_ts` DESC, `_seq` DESC) AS `_rn` FROM "
-            f"{BATCH_VIEW}) WHERE `_rn` = 1) s ON {on} "
+    src = ", ".join([f"{q(c.cl)} AS {q(c.name)}" for c in st.columns]
+                    + [q("_op"), *(q(m) for m, _ in CURRENT_META)])
+    return (f"MERGE INTO {target} t USING (SELECT {src} FROM {BATCH_VIEW} WHERE {q(LATEST)}) s "
+            f"ON {on} "
             f"WHEN MATCHED AND s.`_op` = 'd' THEN DELETE "
             f"WHEN MATCHED THEN UPDATE SET {assign} "
             f"WHEN NOT MATCHED AND s.`_op` <> 'd' THEN INSERT ({ins_cols}) VALUES ({ins_vals})")
@@ -86,19 +159,6 @@ def keyless_sql(st: TableState, target: str) -> str:
 
 def write_changelog(spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]], target: str) -> None:
     changelog_frame(spark, st, rows).writeTo(target).append()
-
-
-def write_current(spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]], target: str) -> None:
-    frame = changelog_frame(spark, st, rows)
-    frame.createOrReplaceTempView(BATCH_VIEW)
-    try:
-        if st.key:
-            spark.sql(current_sql(st, target))
-        else:
-            from pyspark.sql import functions as F
-            spark.sql(keyless_sql(st, target)).writeTo(target).overwrite(F.lit(True))
-    finally:
-        spark.catalog.dropTempView(BATCH_VIEW)
 
 
 def truncate(spark: Any, target: str) -> None:

@@ -77,3 +77,30 @@ def test_a_new_incarnation_starts_the_current_table_again_and_keeps_the_old_colu
 def test_state_round_trips_through_json() -> None:
     st, _ = T.plan(None, V1.info, "s")
     assert T.TableState.from_json(st.to_json()) == st
+
+
+def _row(op: str, cts: int, seq: int, *values: object) -> tuple:
+    return (op, cts, seq, 1, None, None, None, None, *values)
+
+
+def test_the_merge_reads_only_each_keys_last_change_of_the_batch() -> None:
+    """latest_mask marks, per key, the change with the highest (_commit_ts, _seq) — a delete
+    included — and nothing else; a composite key compares all its columns."""
+    from sluice.spark_sink import writer as W
+    st, _ = T.plan(None, V1.info, "s")
+    rows = [_row("c", 10, 0, 1, 5, "a"), _row("c", 10, 2, 2, 6, "b"), _row("u", 11, 0, 1, 7, "a"),
+            _row("d", 12, 0, 2, 6, "b"), _row("c", 12, 2, 3, 1, "c")]
+    assert W.latest_mask(st, rows) == [False, False, True, True, True]
+    # Out of stream order (a defensive path): still the highest (_commit_ts, _seq) wins.
+    swapped = [rows[2], rows[0], rows[4], rows[3], rows[1]]
+    assert W.latest_mask(st, swapped) == [True, False, True, True, False]
+    two = _t([col("id", "int(11)", nullable=False), col("a", "int(11)", nullable=False),
+              col("b", "varchar(10)")], primary=("id", "a"))
+    st2, _ = T.plan(None, two.info, "s")
+    assert W.latest_mask(st2, [_row("c", 1, 0, 1, 1, "x"), _row("c", 1, 2, 1, 2, "y"),
+                               _row("u", 2, 0, 1, 1, "z")]) == [False, True, True]
+    table = W.batch_arrow(st, rows)
+    assert table.column(W.LATEST).to_pylist() == [False, False, True, True, True]
+    assert table.column("id").to_pylist() == [1, 2, 1, 2, 3]
+    keyless, _ = T.plan(None, _t(V1.columns, primary=()).info, "s")
+    assert W.LATEST not in W.batch_arrow(keyless, rows).column_names
