@@ -1,15 +1,16 @@
-"""The etcd registry of pumps, drainers and producers, their states, and every key's name.
+"""The etcd registry of pumps, drainers and producers, and how their changes are watched.
 
 Invariants: a node leaves only by state (its `alive` key vanishing never changes `status`);
-states change only along LEGAL_TRANSITIONS; status writes are compare-and-swap on mod_revision,
-so none is lost; a watcher never misses a final state (it re-lists when its watch fails).
+status writes are compare-and-swap on mod_revision, so none is lost; a watcher never misses a
+final state (it re-lists when its watch fails). The parts: core/nodes.py (kinds, states,
+transitions, status records), core/registry_keys.py (every key's name), core/heartbeat.py.
 Key layout, states and watch semantics: docs/registry.md. Everything here blocks; asyncio callers
 use `asyncio.to_thread`.
 """
+
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import logging
 import os
@@ -18,180 +19,33 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from pyetcd import utils as etcd_utils
 
-from . import failpoint
-from .errors import EtcdUnavailable, IllegalTransition, InvalidArgument, NotFound
+from .errors import EtcdUnavailable, InvalidArgument, NotFound
 from .etcd import Etcd
+from .heartbeat import Heartbeat
+from .nodes import (LEGAL_TRANSITIONS, NodeInfo, NodeKind, NodeState, NodeStatus, OnChange,
+                    check_node_id, check_transition)
+from .registry_keys import (ALIVE, CONFIG_PATH, DRAINER_CHECKPOINT, DRAINER_LEADER, ROOT,
+                            STANDBY_SEGMENT, STATUS, captured_tables_path, cluster_root,
+                            drainer_epoch_path, producer_path, rewind_path, signals_path,
+                            snapshot_progress_path, tso_leader_key, tso_window_key)
 from .ts import now_ts
 
+__all__ = ["ALIVE", "CAS_MAX_ATTEMPTS", "CONFIG_PATH", "DRAINER_CHECKPOINT", "DRAINER_LEADER",
+           "LEGAL_TRANSITIONS", "ROOT", "STANDBY_SEGMENT", "STATUS", "Heartbeat", "NodeInfo",
+           "NodeKind", "NodeState", "NodeStatus", "OnChange", "Registry", "Watcher",
+           "captured_tables_path", "check_node_id", "check_transition", "cluster_root",
+           "drainer_epoch_path", "producer_path", "rewind_path", "signals_path",
+           "snapshot_progress_path", "tso_leader_key", "tso_window_key"]
+
 log = logging.getLogger(__name__)
-
-ROOT = "/sluice"
-
-# -- key names ---------------------------------------------------------------------------------
-# Every key Sluice keeps in etcd is named here and nowhere else. Node keys sit under
-# `<kind>/<node_id>/`; a *path* is relative to the cluster root (Registry.cluster_key, get_json);
-# a *key* is absolute.
-STATUS, ALIVE = "status", "alive"            # a node's persistent status / lease-backed heartbeat
-DRAINER_LEADER = "leader"                    # drainers/<name>/leader: the active HA instance
-DRAINER_CHECKPOINT = "checkpoint"            # drainers/<name>/checkpoint: Checkpoint.to_json()
-STANDBY_SEGMENT = "standby"                  # drainers/<name>/standby/<addr>: waiting standbys
-CONFIG_PATH = "config"                       # {"replicas": N}, shared by pumps and clients
-
-
-def cluster_root(cluster_id: int) -> str:
-    """`/sluice/<cluster_id>/`: everything of one cluster lives below it."""
-    return f"{ROOT}/{cluster_id}/"
-
-
-def tso_leader_key(cluster_id: int) -> str:
-    """The TSO leader (LeaderInfo JSON, bound to the leader's lease)."""
-    return f"{cluster_root(cluster_id)}tso/leader"
-
-
-def tso_window_key(cluster_id: int) -> str:
-    """The TSO's persisted upper bound of timestamps it may hand out."""
-    return f"{cluster_root(cluster_id)}tso/window"
-
-
-def drainer_epoch_path(name: str) -> str:
-    """The HA epoch counter of drainer `name` (fencing)."""
-    check_node_id(name)
-    return f"drainer-epochs/{name}"
-
-
-def producer_path(producer_id: str, leaf: str) -> str:
-    """`producers/<id>/<leaf>`: per-producer values beside the node's status and alive keys
-    (the registry's node listing reads only those two)."""
-    check_node_id(producer_id)
-    return f"{NodeKind.PRODUCER.value}/{producer_id}/{leaf}"
-
-
-def rewind_path(producer_id: str) -> str:
-    """A producer's pending rewind (`ctl position set`, core/rewind.py)."""
-    return producer_path(producer_id, "rewind")
-
-
-def signals_path(producer_id: str) -> str:
-    """The prefix (without the trailing '/') of a read-only capture's etcd snapshot signals."""
-    return producer_path(producer_id, "signals")
-
-
-def snapshot_progress_path(producer_id: str) -> str:
-    """Where a capture publishes its snapshot progress for `sluice ctl snapshot status`."""
-    return producer_path(producer_id, "snapshot")
-
-
-def captured_tables_path(producer_id: str) -> str:
-    """The tables a capture declared it captures (a newly captured one gets a snapshot)."""
-    check_node_id(producer_id)
-    return f"capture-tables/{producer_id}"
 
 
 # A CAS loop that keeps losing for this long is not contention any more: something is wrong.
 CAS_MAX_ATTEMPTS = 1000
-
-
-class NodeKind(enum.StrEnum):
-    PUMP = "pumps"
-    DRAINER = "drainers"
-    PRODUCER = "producers"
-
-
-class NodeState(enum.StrEnum):
-    ONLINE = "online"
-    PAUSING = "pausing"
-    PAUSED = "paused"
-    CLOSING = "closing"
-    OFFLINE = "offline"
-
-
-# TiDB-Binlog's state machine. Staying in the same state is always allowed (a restarting node
-# re-registers its state). `pausing -> closing` lets an admin take a pausing node offline;
-# `pausing -> online` is not allowed because a pausing node has not finished draining.
-LEGAL_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
-    NodeState.ONLINE: frozenset({NodeState.PAUSING, NodeState.CLOSING}),
-    NodeState.PAUSING: frozenset({NodeState.PAUSED, NodeState.CLOSING}),
-    NodeState.PAUSED: frozenset({NodeState.ONLINE, NodeState.CLOSING}),
-    NodeState.CLOSING: frozenset({NodeState.OFFLINE}),
-    NodeState.OFFLINE: frozenset(),
-}
-
-
-def check_transition(node_id: str, old: NodeState, new: NodeState, force: bool = False) -> None:
-    """Raise IllegalTransition unless old -> new is legal (or forced)."""
-    if force or old == new or new in LEGAL_TRANSITIONS[old]:
-        return
-    raise IllegalTransition(node_id, old.value, new.value)
-
-
-def check_node_id(node_id: str) -> None:
-    if not node_id or "/" in node_id or node_id.strip() != node_id:
-        raise InvalidArgument(f"invalid node id {node_id!r}: must be non-empty, without '/' "
-                              "or surrounding spaces")
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """The persistent status of one node (the `status` key)."""
-
-    node_id: str
-    kind: NodeKind
-    addr: str
-    state: NodeState
-    max_commit_ts: int = 0   # pump: the final max commit ts it published
-    checkpoint: int = 0      # drainer: its durable checkpoint (inclusive)
-    score: int = 0
-    epoch: int = 0
-    update_ts: int = 0       # stamped by the registry on every write (local clock ts)
-    labels: dict[str, str] = field(default_factory=dict)
-    # pump: prewrites it could not resolve past txn-timeout, each {pump, start_ts, producer,
-    # since_ms, reason, command} (pump/loops.py); empty when nothing is stuck
-    alerts: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        d = dataclasses.asdict(self)
-        d["kind"], d["state"] = self.kind.value, self.state.value
-        return json.dumps(d, sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> NodeStatus:
-        d = json.loads(data)
-        known = {f.name for f in dataclasses.fields(cls)}
-        # Unknown fields come from a newer version of Sluice: ignore them rather than fail.
-        d = {k: v for k, v in d.items() if k in known}
-        d["kind"], d["state"] = NodeKind(d["kind"]), NodeState(d["state"])
-        d["labels"] = dict(d.get("labels") or {})
-        d["alerts"] = [dict(a) for a in d.get("alerts") or [] if isinstance(a, dict)]
-        return cls(**d)
-
-    def same_content(self, other: NodeStatus) -> bool:
-        """Equal apart from update_ts (a write that changes nothing is skipped)."""
-        return dataclasses.replace(self, update_ts=0) == dataclasses.replace(other, update_ts=0)
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """A node as seen in etcd: its status, whether its alive key exists, the status revision."""
-
-    status: NodeStatus
-    alive: bool
-    mod_revision: int = 0
-
-    @property
-    def node_id(self) -> str:
-        return self.status.node_id
-
-    @property
-    def state(self) -> NodeState:
-        return self.status.state
-
-
-OnChange = Callable[[NodeKind, str, "NodeInfo | None"], None]
 
 
 class Registry:
@@ -397,113 +251,6 @@ def _parse_status(node_id: str, value: bytes) -> NodeStatus:
         return NodeStatus.from_json(value)
     except (ValueError, KeyError, TypeError) as e:
         raise InvalidArgument(f"registry: unreadable status of node {node_id!r}: {e}") from None
-
-
-class Heartbeat:
-    """A lease-backed key kept alive by a background thread.
-
-    Keepalive every ttl/3. If the lease is lost (it expired while etcd or this process was
-    stalled), a new lease is granted and the key put again — unless `reacquire=False` (leader
-    keys), in which case the heartbeat stops and `lost` becomes true.
-    """
-
-    FAILPOINT = "registry-heartbeat-keepalive"
-
-    def __init__(self, etcd: Etcd, key: str, value: bytes | str, ttl: int,
-                 reacquire: bool = True) -> None:
-        if ttl < 1:
-            raise InvalidArgument(f"heartbeat ttl must be >= 1 s, got {ttl}")
-        self.etcd, self.key, self.value, self.ttl = etcd, key, value, int(ttl)
-        self.reacquire = reacquire
-        self._lock = threading.Lock()
-        self._lease_id: int | None = None
-        self._alive_until = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.lost = False
-        self.reacquired = 0  # how many times the lease was lost and granted again
-
-    @property
-    def lease_id(self) -> int | None:
-        with self._lock:
-            return self._lease_id
-
-    def alive_until_monotonic(self) -> float:
-        """Monotonic send time of the last acknowledged keepalive (or grant) + its TTL."""
-        with self._lock:
-            return self._alive_until
-
-    def start(self) -> Heartbeat:
-        """Grant the lease and put the key now (raises EtcdUnavailable), then keep it alive."""
-        self._acquire()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat {self.key}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop the thread and revoke the lease (which deletes the key)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        lease = self.lease_id
-        if lease is not None and not self.lost:
-            try:
-                self.etcd.revoke(lease)
-            except EtcdUnavailable as e:
-                log.warning("heartbeat %s: revoke failed, key expires with its lease: %s", self.key, e)
-        with self._lock:
-            self._lease_id, self._alive_until = None, 0.0
-
-    def _acquire(self) -> None:
-        sent = time.monotonic()
-        lease = self.etcd.grant(self.ttl)
-        with self._lock:
-            self._lease_id = lease
-        self.etcd.put(self.key, self.value, lease=lease)
-        with self._lock:
-            self._alive_until = sent + self.ttl
-
-    def _run(self) -> None:
-        interval = max(self.ttl / 3.0, 0.1)
-        retry = min(interval, 0.5)
-        need_acquire = failing = False
-        wait = interval
-        while not self._stop.wait(wait):
-            try:
-                failpoint.inject(self.FAILPOINT)
-                if need_acquire:
-                    self._acquire()
-                    need_acquire = False
-                    self.reacquired += 1
-                    log.warning("heartbeat %s: lease was lost; granted a new one and put the key "
-                                "again", self.key)
-                    wait = interval
-                else:
-                    sent = time.monotonic()
-                    lease = self.lease_id
-                    remaining = self.etcd.keepalive(lease) if lease is not None else 0
-                    if remaining > 0:
-                        with self._lock:
-                            self._alive_until = sent + min(remaining, self.ttl)
-                        wait = interval
-                    else:
-                        with self._lock:
-                            self._alive_until = 0.0
-                        if not self.reacquire:
-                            self.lost = True
-                            log.warning("heartbeat %s: lease lost; not reacquiring", self.key)
-                            return
-                        need_acquire, wait = True, 0.0
-            except EtcdUnavailable as e:
-                # Once per outage at warning level: retries every 0.5 s would flood the log.
-                if not failing:
-                    log.warning("heartbeat %s: %s; retrying", self.key, e)
-                failing, wait = True, retry
-                continue
-            if failing:
-                log.info("heartbeat %s: etcd reachable again", self.key)
-                failing = False
-
 
 class Watcher:
     """Delivers every change of a kind's nodes to on_change(kind, node_id, NodeInfo | None).
