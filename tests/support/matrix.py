@@ -263,7 +263,7 @@ class Matrix:
 
     def check_alive(self) -> None:
         # The capture is in procs(): it never exits on its own. A pump lost between a group's
-        # prewrites and commits makes it restart in-process (capture/server.py run_restarting).
+        # prewrites and commits makes it restart in-process (capture/main.py run_restarting).
         for name, p in self.procs().items():
             assert p.alive(), (f"{name} exited ({p.popen.returncode}):\n"  # type: ignore[union-attr]
                                f"{p.log_text()[-3000:]}")

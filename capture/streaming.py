@@ -1,0 +1,305 @@
+"""Streaming of one capture incarnation: the binlog reader, snapshot and etcd-signal threads
+feeding one queue, transactions grouped and written to the pumps, reconnects, and the lag and
+snapshot-progress publishers. docs/capture.md ("Threads").
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+from sluice.capture.reader import BinlogReader, SourceDisconnected, SourceTxn
+from sluice.capture.snapshot.progress import decode
+from sluice.capture.snapshot.signals import InvalidSignal, parse_etcd_signal
+from sluice.core import errors
+from sluice.core.registry import snapshot_progress_path
+from sluice.proto import sluice_pb2 as pb
+from sluice.core.log import kv
+
+log = logging.getLogger(__name__)
+
+_QUEUE = 1024
+_END = object()
+_STOP = object()
+RECONNECT_BACKOFF_S = (0.2, 5.0)     # first and longest wait between reconnect attempts
+TICK_S = 0.1            # snapshot emission ticker (read-only chunks while the source idles)
+SIGNAL_POLL_S = 0.25    # etcd signal channel
+PUBLISH_S = 0.5         # snapshot progress to etcd
+
+
+class _Disconnected:
+    """Queue marker: the reader's connection ended; everything read before it is queued."""
+
+    def __init__(self, error: SourceDisconnected, resume: str) -> None:
+        self.error, self.resume = error, resume
+
+def _progress_only(txn: SourceTxn) -> bool:
+    """A row-less snapshot progress record: it ends its group, because the writer drops empty
+    transactions that are not the last of a group and this one must reach the pumps."""
+    return txn.snapshot is not None and txn.empty
+
+
+def progress_doc(p: pb.SnapshotProgress) -> dict[str, Any]:
+    """Snapshot progress as the JSON `sluice ctl snapshot status` shows."""
+    st = decode(p)
+    return {"snapshot_id": st.snapshot_id, "mode": st.mode, "tables": list(st.tables),
+            "current_table": st.current_table, "chunks_done": st.chunks_done,
+            "rows_done": st.rows_done, "finished": st.finished, "paused": st.paused,
+            "conditions": [list(c) for c in st.conditions],
+            "published_ms": int(time.time() * 1000)}
+
+
+
+class Streaming:
+    """The streaming half of `Capture` (capture/incarnation.py), which sets up what it uses."""
+
+    # -- streaming ----------------------------------------------------------------------------
+
+    def _start_reader(self, start: str, queue: asyncio.Queue[object]) -> None:
+        c = self.config
+        loop = asyncio.get_running_loop()
+
+        def connected() -> None:
+            loop.call_soon_threadsafe(lambda: self.metrics.set_state(
+                "streaming", after=start or "(first binlog)"))
+
+        reader = self._reader = BinlogReader(
+            c.source.connection(), replica_server_id=c.source.server_id, tracker=self.tracker,
+            gtid_state=start, heartbeat_s=c.heartbeat_s, on_connected=connected)
+        put = self._put
+        skip_before_ms = c.start_timestamp_ms()
+        snap = self.snapshotter
+        assert snap is not None
+
+        def reader_thread() -> None:
+            try:
+                for txn in reader.transactions():
+                    if self._stop.is_set():
+                        return
+                    # Read while the generator is suspended: the end of this transaction.
+                    end = reader.assembler.last_event_end
+                    if skip_before_ms is not None and txn.ts_ms < skip_before_ms:
+                        txn = self._skipped(txn)
+                    snap.process(txn, end)
+                put(_END)
+            except SourceDisconnected as e:
+                if not self._stop.is_set():
+                    put(_Disconnected(e, reader.assembler.resume_state()))
+            except BaseException as e:  # noqa: BLE001 - handed to the loop, which raises it
+                if not self._stop.is_set():
+                    put(e)
+
+        threading.Thread(target=reader_thread, name="binlog-reader", daemon=True).start()
+
+    def _start_snapshot(self, queue: asyncio.Queue[object]) -> None:
+        """The snapshot thread, the emission ticker and the etcd signal poller; a failure of
+        the snapshot fails the capture (a restart resumes at the next chunk)."""
+        snap = self.snapshotter
+        assert snap is not None
+        put = self._put
+
+        def snapshot_thread() -> None:
+            try:
+                snap.run(self._stop)
+            except BaseException as e:  # noqa: BLE001 - handed to the loop, which raises it
+                if not self._stop.is_set():
+                    put(e)
+
+        def ticker() -> None:
+            try:
+                while not self._stop.wait(TICK_S):
+                    snap.tick(self._reader)
+            except BaseException as e:  # noqa: BLE001 - handed to the loop, which raises it
+                if not self._stop.is_set():
+                    put(e)
+
+        for target, name in ((snapshot_thread, "snapshot"), (ticker, "snapshot-tick"),
+                             (self._signal_poller, "etcd-signals")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def _signal_poller(self) -> None:
+        """Signals from etcd (read-only sources): polled, since they are rare; each key is
+        applied once per process and deleted once its effect is committed (`_acked`)."""
+        snap = self.snapshotter
+        assert snap is not None
+        prefix = self.registry.signals_prefix(self.config.producer_id)
+        seen: set[str] = set()
+        while not self._stop.wait(SIGNAL_POLL_S):
+            for key in snap.committed(()):    # signals that changed nothing: no commit to wait for
+                self._delete_key(key)
+            try:
+                kvs, _ = self.etcd.get_prefix(prefix)
+            except errors.SluiceError as e:
+                log.warning("etcd signals not read: %s", e)
+                continue
+            for value, meta in sorted(kvs, key=lambda kv: kv[1].create_revision):
+                key = meta.key.decode() if isinstance(meta.key, bytes) else str(meta.key)
+                if key in seen:
+                    continue
+                seen.add(key)
+                try:
+                    sig = parse_etcd_signal(key, value)
+                except InvalidSignal as e:
+                    log.error("etcd signal ignored: %s", e, extra=kv(key=key))
+                    self._delete_key(key)
+                    continue
+                log.info("etcd signal received", extra=kv(key=key, signal=sig.id))
+                snap.submit(sig, key)
+
+    def _delete_key(self, key: str) -> None:
+        try:
+            self.etcd.delete(key)
+        except errors.SluiceError as e:
+            log.warning("etcd signal key %s not deleted: %s", key, e)
+
+    def _skipped(self, txn: SourceTxn) -> SourceTxn:
+        """A transaction committed before `start-position = timestamp:T`, made empty: it only
+        carries the position forward (in the reader thread, which owns the tracker).
+
+        Its DDL still shaped the tracker's models, but what it declared never goes downstream:
+        the tracker forgets its declarations, so the next TableMap of each table declares again.
+        """
+        if txn.ddls or txn.schema_snapshots:
+            self.tracker.reset_declared()
+        return dataclasses.replace(txn, mutations=(), schema_snapshots=(), ddls=(), size=0)
+
+    async def _stream(self, start: str) -> None:
+        c = self.config
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue(_QUEUE)
+        self._queue = queue
+
+        def put(item: object) -> None:
+            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+        self._put = put
+        snap = self.snapshotter
+        assert snap is not None
+        snap.attach(put)
+        if self._stop_after_snapshot:
+            snap.on_finished = lambda: put(_STOP)     # initial_only: after the last chunk
+        self._start_reader(start, queue)
+        self._start_snapshot(queue)
+        publish = loop.create_task(self._publish_progress(), name="snapshot-progress")
+        try:
+            await self._groups(queue)
+        finally:
+            publish.cancel()
+
+    async def _groups(self, queue: asyncio.Queue[object]) -> None:
+        c = self.config
+        loop = asyncio.get_running_loop()
+        snap = self.snapshotter
+        assert snap is not None
+        wait_s = c.group_max_wait_ms / 1000
+        backoff = RECONNECT_BACKOFF_S[0]
+        m = self.metrics
+        held: object = None      # a marker that ended the previous group, handled first
+        while not self._stopping:
+            item, held = (held, None) if held is not None else (await queue.get(), None)
+            if item is _END or item is _STOP:
+                return
+            if isinstance(item, _Disconnected):
+                backoff = await self._reconnect(item, queue, backoff)
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            group: list[SourceTxn] = [item]  # type: ignore[list-item]
+            size = group[0].size
+            deadline = loop.time() + wait_s
+            while len(group) < c.group_max_txns and size < c.group_max_bytes \
+                    and not _progress_only(group[-1]):
+                try:
+                    nxt = queue.get_nowait() if queue.qsize() else await asyncio.wait_for(
+                        queue.get(), max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    break
+                if not isinstance(nxt, SourceTxn):
+                    held = nxt    # a marker ends the group; handled first thing next round
+                    break
+                group.append(nxt)
+                size += nxt.size
+            t0 = time.monotonic()
+            self._writing = True
+            try:
+                await self.writer.write_group(group)
+            finally:
+                self._writing = False
+            backoff = RECONNECT_BACKOFF_S[0]
+            self._committed_ts_ms = group[-1].ts_ms
+            progress = [t.snapshot for t in group if t.snapshot is not None]
+            if progress:
+                self._committed_progress = progress[-1]
+            for key in snap.committed(group):
+                await asyncio.to_thread(self._delete_key, key)
+            m.group_seconds.observe(time.monotonic() - t0)
+            m.groups.inc()
+            m.txns.inc(len(group))
+            m.rows.inc(sum(len(mu.changes) for t in group for mu in t.mutations))
+            m.lag.set(self.lag_s())
+
+    async def _publish_progress(self) -> None:
+        """The last committed snapshot progress, as JSON in etcd for `sluice ctl snapshot
+        status` (at most every PUBLISH_S; a failed write is retried with the next change)."""
+        key = self.registry.cluster_key(snapshot_progress_path(self.config.producer_id))
+        published: pb.SnapshotProgress | None = None
+        while True:
+            await asyncio.sleep(PUBLISH_S)
+            p = self._committed_progress
+            if p is None or p is published:
+                continue
+            doc = progress_doc(p)
+            try:
+                await asyncio.to_thread(self.etcd.put, key, json.dumps(doc, sort_keys=True))
+                published = p
+            except errors.SluiceError as e:
+                log.warning("snapshot progress not published: %s", e)
+
+    async def _reconnect(self, lost: _Disconnected, queue: asyncio.Queue[object], backoff: float) -> float:
+        """Everything read before the loss is written already (it was ahead in the queue)."""
+        self.metrics.set_state("reconnecting", error=str(lost.error)[:300],
+                               after=lost.resume or "(first binlog)")
+        self.metrics.reconnects.inc()
+        if self._reader is not None:
+            self._reader.close()
+        await asyncio.sleep(backoff)
+        if not self._stopping:
+            self._start_reader(lost.resume, queue)
+        return min(backoff * 2, RECONNECT_BACKOFF_S[1])
+
+    # -- lag ----------------------------------------------------------------------------------
+
+    def lag_s(self) -> float:
+        """now - source commit time of the last committed transaction; 0 when caught up.
+
+        Caught up: the source's last event was a heartbeat (MariaDB sends one only after
+        `heartbeat-s` without anything to send) and nothing read is waiting to be written.
+        Source times have 1 s resolution (binlog event timestamps).
+        """
+        r, q = self._reader, self._queue
+        idle = q is None or q.qsize() == 0
+        if r is not None and r.caught_up and idle and not self._writing:
+            return 0.0
+        ts_ms = self._committed_ts_ms
+        if not ts_ms and r is not None and r.assembler.last_event_ts:
+            ts_ms = r.assembler.last_event_ts * 1000
+        return max(0.0, time.time() - ts_ms / 1000) if ts_ms else 0.0
+
+    async def _lag_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.metrics.lag.set(self.lag_s())
+            self._snapshot_metrics()
+
+    def _snapshot_metrics(self) -> None:
+        st = self.snapshotter.state if self.snapshotter is not None else None
+        if st is None:
+            self.metrics.set_snapshot_state("none", 0)
+            return
+        left = 0 if st.finished else len(st.tables) - (
+            st.tables.index(st.current_table) if st.current_table in st.tables else 0)
+        self.metrics.set_snapshot_state(
+            "finished" if st.finished else "paused" if st.paused else "running", left)
