@@ -343,9 +343,8 @@ def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
             assert opening is not None
             col.generation_expression = r.text(opening, r.t[r.i - 1])
         elif r.accept("CHECK"):
-            inner = r.skip_parens()
-            words = [t.text for t in inner if t.kind == "word"]
-            if words[:1] == ["JSON_VALID"]:
+            named = _json_check_column(r.skip_parens())
+            if named is not None and named.lower() == col.name.lower():
                 check_json = True
         elif r.accept("CONSTRAINT"):
             if not (r.peek() or Tok("word", "")).is_("CHECK"):
@@ -409,16 +408,27 @@ def _index_def(r: _Reader, table: TableDef) -> bool:
         return True
     if r.accept("KEY", "INDEX", "FULLTEXT", "SPATIAL", "FOREIGN", "CHECK", "PERIOD", "SYSTEM"):
         if r.t[r.i - 1].text == "CHECK":
-            inner = r.skip_parens()
-            words = [t for t in inner if t.kind in ("word", "ident")]
-            if words and words[0].is_("JSON_VALID") and len(words) > 1:
-                c = table.column(_orig_case(words[1]))
+            named = _json_check_column(r.skip_parens())
+            if named is not None:
+                c = table.column(named)
                 if c is not None and c.data_type.endswith("text"):
                     c.data_type, c.column_type = "json", "json"
         r.skip_until_comma()
         return True
     r.i = start
     return False
+
+
+def _json_check_column(inner: list[Tok]) -> str | None:
+    """The column of a CHECK clause that starts with `json_valid(<column>)`, else None: the
+    rule core/table.py applies to information_schema, so both readers type a column alike.
+    Words elsewhere in the clause do not count: `NOT json_valid(j)` (MariaDB prints
+    `!json_valid(`j`)`) is a text column that must NOT hold JSON."""
+    if (len(inner) >= 4 and inner[0].is_("JSON_VALID") and inner[1].kind == "punct"
+            and inner[1].text == "(" and inner[2].kind in ("word", "ident")
+            and inner[3].kind == "punct" and inner[3].text == ")"):
+        return _orig_case(inner[2])
+    return None
 
 
 def _skip_index_name_and_type(r: _Reader) -> str:

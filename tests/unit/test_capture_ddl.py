@@ -110,6 +110,28 @@ def test_create_table_reads_every_column_type_and_key() -> None:
         ("uk_c_vc", ["c", "vc"], False, True), ("uq_si", ["si"], False, True)]
 
 
+@pytest.mark.parametrize("check, json_cols", [
+    ("a LONGTEXT CHECK (json_valid(a)), b TEXT", {"a"}),
+    ("a LONGTEXT CHECK (json_valid(`a`) AND length(a) > 2), b TEXT", {"a"}),
+    ("a LONGTEXT CHECK (NOT json_valid(a)), b TEXT", set()),
+    ("a LONGTEXT CHECK (!json_valid(`a`)), b TEXT", set()),
+    ("a LONGTEXT CHECK (length(a) > 2 OR json_valid(a)), b TEXT", set()),
+    ("a LONGTEXT, b TEXT, CONSTRAINT cb CHECK (json_valid(`b`))", {"b"}),
+    ("a LONGTEXT, b TEXT, CONSTRAINT cb CHECK (!json_valid(`b`))", set()),
+    ("a LONGTEXT, b TEXT, CHECK (NOT json_valid(b)), CHECK (json_valid(a))", {"a"}),
+    ("a INT CHECK (json_valid(a)), b TEXT", set()),
+])
+def test_a_text_column_is_json_only_when_its_check_starts_with_json_valid_of_it(
+        check: str, json_cols: set[str]) -> None:
+    """A text column is JSON when a CHECK clause starts with json_valid(<that column>), the
+    rule the information_schema reader (core/table.py) applies: a negated or embedded
+    json_valid, or one on a non-text column, leaves the column's type as declared."""
+    st = ddl.parse(f"CREATE TABLE t (id INT PRIMARY KEY, {check})", "db")
+    assert st is not None and st.table_def is not None
+    got = {c.name for c in st.table_def.columns if c.data_type == "json"}
+    assert got == json_cols
+
+
 def test_create_table_inline_primary_key_makes_the_column_not_null() -> None:
     """An inline PRIMARY KEY is the table's key and implies NOT NULL; the default database
     applies to unqualified names."""
