@@ -121,9 +121,12 @@ class Txn:
     prewrite: pb.PrewriteValue
     snapshot: pb.SnapshotProgress | None
     pump_id: str
-    # The serialized PrewriteValue (its parts joined) that `prewrite` was parsed from: the MySQL
-    # sink decodes rows natively from these bytes (Txn.mutations). None: serialize `prewrite`.
-    payload: bytes | None = None
+    # The serialized PrewriteValue (its parts joined) and the message parsed from it: the MySQL
+    # sink decodes rows natively from these bytes (Txn.mutations). They stand for `prewrite`
+    # only while it is that very message: a Txn rebuilt with another one (the table filter's
+    # dataclasses.replace) keeps the old pair, and prewrite_bytes() serializes the new one.
+    payload: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    payload_of: pb.PrewriteValue | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def ddl(self) -> pb.DDL | None:
@@ -181,7 +184,9 @@ class Txn:
         return out
 
     def prewrite_bytes(self) -> bytes:
-        return self.payload if self.payload is not None else self.prewrite.SerializeToString()
+        if self.payload is not None and self.payload_of is self.prewrite:
+            return self.payload
+        return self.prewrite.SerializeToString()
 
     def mutations(self, schema: SchemaLookup) -> tuple[bool, list[MutationSpan]]:
         """(snapshot_chunk, the mutations in source order with the byte span of each in
@@ -276,7 +281,8 @@ class Txn:
                     else first.snapshot if first.HasField("snapshot") else None)
         return cls(commit_ts=commit_ts, start_ts=start_ts,
                    producer_id=c.producer_id or first.producer_id, position=position,
-                   prewrite=value, snapshot=snapshot, pump_id=pump_id, payload=joined)
+                   prewrite=value, snapshot=snapshot, pump_id=pump_id, payload=joined,
+                   payload_of=value)
 
 
 # --------------------------------------------------------------------------------------------

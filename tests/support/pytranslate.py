@@ -9,11 +9,37 @@ import decimal
 from typing import Any
 
 from sluice.core.rowcodec import MySQLDateTime, datum_to_python, row_to_dict
-from sluice.drainer.translator import _DATE_TYPES, ApplyShape, Translator, row_keys
+from sluice.drainer.translator import _DATE_TYPES, ApplyShape, RowChange, Translator, row_keys
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 
 _KIND_OF_OP = {"c": "insert", "u": "update", "d": "delete", "r": "upsert"}
+
+
+def translate_changes(txn: Txn, schema: SchemaLookup, tr: Translator) -> list[RowChange]:
+    """The former Translator.translate, whole (RowChanges with their causality keys): the
+    baseline of bench/drainer_apply.py's decode stage and its sink side."""
+    out = []
+    for ev in txn.rows(schema):
+        shape = tr.shape(ev.table_info, ev.schema, ev.table)
+        before = decode_row(ev.before, ev.table_info, shape) if ev.before is not None else None
+        after = decode_row(ev.after, ev.table_info, shape) if ev.after is not None else None
+        keys: list[str] = []
+        if before is not None:
+            keys += row_keys(shape, before)
+        if after is not None:
+            for k in row_keys(shape, after):
+                if k not in keys:
+                    keys.append(k)
+        out.append(RowChange(_KIND_OF_OP[ev.op], shape, txn.commit_ts, before, after, tuple(keys)))
+    return out
+
+
+class PyTranslator(Translator):
+    """A Translator taking the former all-Python path (bench baseline only)."""
+
+    def translate(self, txn: Txn, schema: SchemaLookup) -> list[RowChange]:
+        return translate_changes(txn, schema, self)
 
 
 def translate_values(txn: Txn, schema: SchemaLookup, tr: Translator | None = None

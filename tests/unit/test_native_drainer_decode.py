@@ -12,6 +12,7 @@ error (CorruptTxn / sluice_native.DecodeError), never a crash or a silent None.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
 import math
@@ -227,7 +228,7 @@ def test_malformed_payload_bytes_are_a_named_error_never_a_crash():
                 Translator().shape(h.table_at(7, 15)).decoder.decode(bad, start, end)
     t0 = txn(prewrite_value(TORTURE.mutation(TORTURE.insert(id=1))), 15)
     corrupt = Txn(t0.commit_ts, t0.start_ts, t0.producer_id, t0.position, t0.prewrite, t0.snapshot,
-                  t0.pump_id, payload=good[:-3])
+                  t0.pump_id, payload=good[:-3], payload_of=t0.prewrite)
     with pytest.raises(CorruptTxn, match="start_ts 14, commit_ts 15.*undecodable"):
         Translator().translate(corrupt, h)
     # A datetime part beyond a C int: the old path's bare OverflowError is now a named error.
@@ -240,6 +241,25 @@ def test_malformed_payload_bytes_are_a_named_error_never_a_crash():
         oracle(t, h)
     with pytest.raises(CorruptTxn, match="db.torture .*part beyond 2147483647: 2020-1-1 0:0:0.3000000000"):
         Translator().translate(t, h)
+
+
+def test_a_transaction_rebuilt_with_another_prewrite_decodes_that_prewrite():
+    """The table filter replaces a Txn's PrewriteValue (dataclasses.replace): the native decode
+    then reads the new message's rows, never the bytes the old one was parsed from."""
+    h = history_of([schema_txn(10, TORTURE, KEEP)])
+    t = txn(prewrite_value(TORTURE.mutation(TORTURE.insert(id=1)), KEEP.mutation(KEEP.insert(id=2)),
+                           TORTURE.mutation(TORTURE.delete(id=3))), 15)
+    kept = pb.PrewriteValue()
+    kept.CopyFrom(t.prewrite)
+    del kept.mutations[:]
+    kept.mutations.append(t.prewrite.mutations[1])
+    filtered = dataclasses.replace(t, prewrite=kept)
+    got = assert_same(filtered, h)
+    assert got[0] == "ok" and [(k, name) for k, name, *_ in got[1]] == [("insert", "`db`.`keep`")]
+    assert len(Translator().translate(t, h)) == 3
+
+
+KEEP = Table(8, "db", "keep", [col("id", "int(11)", nullable=False)], ["id"])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
