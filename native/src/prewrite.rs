@@ -126,6 +126,11 @@ impl<'a> Rd<'a> {
     }
 
     fn skip(&mut self, wire: u8, field: u64) -> WireResult<()> {
+        self.skip_nested(wire, field, 0)
+    }
+
+    /// Groups nest: bounded like upb's default depth, so hostile bytes cannot exhaust the stack.
+    fn skip_nested(&mut self, wire: u8, field: u64, depth: u32) -> WireResult<()> {
         match wire {
             0 => self.varint().map(|_| ()),
             1 => self.fixed(8).map(|_| ()),
@@ -133,6 +138,9 @@ impl<'a> Rd<'a> {
             5 => self.fixed(4).map(|_| ()),
             3 => {
                 // a group: skip to its matching end tag
+                if depth >= 100 {
+                    return Err(format!("groups nested deeper than 100 at byte {}", self.p));
+                }
                 loop {
                     if !self.more() {
                         return Err(format!("unterminated group {field} at byte {}", self.p));
@@ -144,7 +152,7 @@ impl<'a> Rd<'a> {
                         }
                         return Ok(());
                     }
-                    self.skip(w, f)?;
+                    self.skip_nested(w, f, depth + 1)?;
                 }
             }
             _ => Err(format!("wire type {wire} of field {field} at byte {}", self.p)),

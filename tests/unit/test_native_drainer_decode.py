@@ -221,7 +221,8 @@ def test_malformed_payload_bytes_are_a_named_error_never_a_crash():
     byte, and the translator turns it into CorruptTxn naming the transaction."""
     h = history()
     good = prewrite_value(TORTURE.mutation(TORTURE.insert(**EXTREMES[0]))).SerializeToString()
-    for bad in (b"\x12", b"\x12\x05\x08", b"\x12\x02\x2a\x09", b"\x0f", b"\x12\x01\x80", good[:-3]):
+    nested = b"\x0b" * 200_000      # start-group tags without end: bounded, not a stack overflow
+    for bad in (b"\x12", b"\x12\x05\x08", b"\x12\x02\x2a\x09", b"\x0f", b"\x12\x01\x80", good[:-3], nested):
         with pytest.raises(sluice_native.DecodeError, match="undecodable"):
             snapshot, muts = sluice_native.prewrite_mutations(bad)
             for _, _, _, _, start, end, _, _ in muts:
