@@ -20,12 +20,21 @@ Lag: sink — from an apply() call to the first checkpoint() covering its last t
 (checkpoint() polled every 2 ms); naive — from the start of the same chunk of --apply-batch
 transactions to its last COMMIT. p50/p99 over the chunks.
 
+Decode paths (issue 23): the sink runs once per --paths entry — `native` (Translator: the
+native Prewrite decode, native/src/prewrite.rs) and `python` (the former all-Python decode,
+tests/support/pytranslate.py) — so "CPU s Python" compares the drainer process as a whole.
+Before that, the decode + translate step alone on the same transactions, in this process:
+CPU µs per transaction and per row of Txn.from_binlogs (join + upb parse, shared by both
+paths), of the Python path and of the native path (process_time, gc off, the paths alternate,
+best of --decode-repeat).
+
 Wall-clock times; the sides alternate per repeat and the median is reported. The machine is
 shared: the load average is printed with the results; compare ratios within one run only.
 
 Run: .venv/bin/python bench/drainer_apply.py [--txns 50000] [--keys N (default: --txns)]
      [--workers 4,16] [--keyless both|with|without] [--batch 20] [--backlog 500] [--repeat 1]
      [--durable]   (--durable: innodb_flush_log_at_trx_commit=1, sync_binlog=1)
+     [--paths native,python] [--decode-repeat 5] [--decode-only]
 """
 from __future__ import annotations
 
@@ -33,6 +42,7 @@ import argparse
 import psutil
 import asyncio
 import datetime
+import gc
 import os
 import platform
 import statistics
@@ -49,6 +59,7 @@ from sluice.drainer.sql import row_sql  # noqa: E402
 from sluice.drainer.translator import Translator  # noqa: E402
 from sluice.drainer.txn import Txn  # noqa: E402
 from tests.support.mariadb import MariaDBServer  # noqa: E402
+from tests.support.pytranslate import PyTranslator  # noqa: E402
 from tests.support.rows import RandomWorkload, create_sql, fetch_rows, history_of  # noqa: E402
 
 
@@ -94,7 +105,7 @@ def naive(server: MariaDBServer, txns: list[Txn], history, chunk: int) -> tuple[
 
 
 def sink(server: MariaDBServer, txns: list[Txn], history, args: argparse.Namespace, workers: int,
-         cp_schema: str) -> tuple[float, list[float], int]:
+         cp_schema: str, path: str = "native") -> tuple[float, list[float], int]:
     """(seconds, per-apply-call lag, conflicts) through MySQLSink."""
     cfg = MySQLSinkConfig(port=server.port, user=server.user, password=server.password,
                           worker_count=workers, txn_batch=args.batch, txn_batch_backlog=args.backlog,
@@ -102,6 +113,8 @@ def sink(server: MariaDBServer, txns: list[Txn], history, args: argparse.Namespa
 
     async def run() -> tuple[float, list[float], int]:
         s = MySQLSink(cfg, history, epoch=1, name="bench")
+        if path == "python":
+            s._translator = PyTranslator()
         await s.open(Checkpoint(0))
         calls: list[tuple[float, int]] = []     # (apply() called, its last commit_ts)
         covered: dict[int, float] = {}
@@ -137,6 +150,56 @@ def sink(server: MariaDBServer, txns: list[Txn], history, args: argparse.Namespa
     return asyncio.run(run())
 
 
+def decode_stage(wl: RandomWorkload, txns: list[Txn], history, repeat: int) -> str:
+    """CPU per transaction of the decode + translate step, both paths, same transactions."""
+    from tests.support.rows import binlogs
+    raw = [binlogs(t.prewrite, t.start_ts, t.commit_ts) for t in txns]
+    data = txns[1:]
+    rows = sum(len(m.changes) for t in data for m in t.prewrite.mutations)
+    best: dict[str, float] = {}
+
+    def run(name: str, fn) -> None:
+        gc.disable()
+        try:
+            t0 = time.process_time()
+            fn()
+            best[name] = min(best.get(name, float("inf")), time.process_time() - t0)
+        finally:
+            gc.enable()
+
+    def native() -> None:
+        tr = Translator()
+        for t in data:
+            tr.translate(t, history)
+
+    def python() -> None:
+        tr = PyTranslator()
+        for t in data:
+            tr.translate(t, history)
+
+    def join() -> None:
+        for p, c in raw[1:]:
+            Txn.from_binlogs(p, c, "bench")
+
+    load0 = os.getloadavg()[0]
+    for _ in range(repeat):
+        run("python", python)
+        run("native", native)
+        run("from_binlogs", join)
+    load1 = os.getloadavg()[0]
+    n = len(data)
+    out = [f"## decode + translate step: {n} transactions, {rows} row changes, best of {repeat}; "
+           f"load average {load0:.1f} at start, {load1:.1f} at end",
+           "| step | CPU µs/txn | CPU µs/row | ratio vs python path |", "|---|---|---|---|"]
+    for name, label in (("from_binlogs", "Txn.from_binlogs (join + upb parse; both paths)"),
+                        ("python", "translate: Python path (before)"),
+                        ("native", "translate: native path (after)")):
+        v = best[name]
+        ratio = f"{best['python'] / v:.2f}x" if name != "from_binlogs" else ""
+        out.append(f"| {label} | {v / n * 1e6:.1f} | {v / rows * 1e6:.2f} | {ratio} |")
+    return "\n".join(out)
+
+
 def pct(values: list[float], p: float) -> float:
     v = sorted(values)
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
@@ -165,10 +228,22 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--durable", action="store_true")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--paths", default="native,python",
+                    help="decode paths of the sink side: native (today), python (the former one)")
+    ap.add_argument("--decode-repeat", type=int, default=5)
+    ap.add_argument("--decode-only", action="store_true", help="only the decode + translate step")
     args = ap.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
 
     args.keys = args.keys or args.txns
+    args.paths = [p for p in args.paths.split(",") if p]
+    if args.decode_only:
+        wl = RandomWorkload(args.seed, "bench_apply", keys=args.keys)
+        txns = wl.transactions(args.txns, first_ts=1 << 40)
+        print(f"# drainer decode + translate step; machine: {platform.machine()} {os.cpu_count()} cores, "
+              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+        print(decode_stage(wl, txns, history_of(txns), args.decode_repeat))
+        return
     modes = {"both": (True, False), "with": (True,), "without": (False,)}[args.keyless]
     started = time.perf_counter()
     load_start = os.getloadavg()
@@ -202,13 +277,15 @@ def run_mode(server: MariaDBServer, args: argparse.Namespace, worker_counts: lis
     txns = wl.transactions(args.txns, first_ts=1 << 40)
     history = history_of(txns)
     rows = wl.rows
+    stage = decode_stage(wl, txns, history, args.decode_repeat)
+    sides = [(w, p) for w in worker_counts for p in args.paths]
     t_naive: list[float] = []
     lag_naive: list[float] = []
     c_naive: list[tuple[float, float]] = []
-    t_sink: dict[int, list[float]] = {w: [] for w in worker_counts}
-    lag_sink: dict[int, list[float]] = {w: [] for w in worker_counts}
-    c_sink: dict[int, list[tuple[float, float]]] = {w: [] for w in worker_counts}
-    conflicts: dict[int, int] = {}
+    t_sink: dict[tuple[int, str], list[float]] = {k: [] for k in sides}
+    lag_sink: dict[tuple[int, str], list[float]] = {k: [] for k in sides}
+    c_sink: dict[tuple[int, str], list[tuple[float, float]]] = {k: [] for k in sides}
+    conflicts: dict[tuple[int, str], int] = {}
     loads: list[float] = []
     for r in range(args.repeat):
         prepare(server, wl, "bench_apply")
@@ -220,32 +297,35 @@ def run_mode(server: MariaDBServer, args: argparse.Namespace, worker_counts: lis
         lag_naive += lags
         c_naive.append((b[0] - a[0], b[1] - a[1]))
         check(server, wl, "naive")
-        for w in worker_counts:
+        for w, path in sides:
             prepare(server, wl, "bench_apply")
             a = cpu(server)
-            t, lags, conflicts[w] = sink(server, txns, history, args, w,
-                                         f"bench_cp_{int(keyless)}_{r}_{w}")
+            t, lags, conflicts[w, path] = sink(server, txns, history, args, w,
+                                               f"bench_cp_{int(keyless)}_{r}_{w}_{path}", path)
             b = cpu(server)
             loads.append(os.getloadavg()[0])
-            c_sink[w].append((b[0] - a[0], b[1] - a[1]))
-            t_sink[w].append(t)
-            lag_sink[w] += lags
-            check(server, wl, f"sink ({w} workers)")
+            c_sink[w, path].append((b[0] - a[0], b[1] - a[1]))
+            t_sink[w, path].append(t)
+            lag_sink[w, path] += lags
+            check(server, wl, f"sink ({w} workers, {path} decode)")
     n = statistics.median(t_naive)
     out = [f"## {'with' if keyless else 'without'} the keyless table: {rows} row changes "
            f"({len(wl.tables)} tables); load average after each side {min(loads):.1f}-{max(loads):.1f}",
            "| side | workers | seconds | rows/s | ratio vs naive | lag p50 | lag p99 | "
-           "CPU s Python | CPU s mariadbd | conflicts |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "CPU s Python | CPU ms Python per txn | CPU s mariadbd | conflicts |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     cn = statistics.median(c[0] for c in c_naive), statistics.median(c[1] for c in c_naive)
+    ntx = len(txns) - 1
     out.append(f"| naive (txn per txn) | 1 | {n:.2f} | {rows / n:.0f} | 1.00x | "
-               f"{pct(lag_naive, 50):.3f} s | {pct(lag_naive, 99):.3f} s | {cn[0]:.2f} | {cn[1]:.2f} | |")
-    for w in worker_counts:
-        s = statistics.median(t_sink[w])
-        cs = statistics.median(c[0] for c in c_sink[w]), statistics.median(c[1] for c in c_sink[w])
-        out.append(f"| sink | {w} | {s:.2f} | {rows / s:.0f} | {n / s:.2f}x | {pct(lag_sink[w], 50):.3f} s | "
-                   f"{pct(lag_sink[w], 99):.3f} s | {cs[0]:.2f} | {cs[1]:.2f} | {conflicts[w]} |")
-    return "\n".join(out)
+               f"{pct(lag_naive, 50):.3f} s | {pct(lag_naive, 99):.3f} s | {cn[0]:.2f} | "
+               f"{cn[0] / ntx * 1e3:.3f} | {cn[1]:.2f} | |")
+    for k in sides:
+        s = statistics.median(t_sink[k])
+        cs = statistics.median(c[0] for c in c_sink[k]), statistics.median(c[1] for c in c_sink[k])
+        out.append(f"| sink, {k[1]} decode | {k[0]} | {s:.2f} | {rows / s:.0f} | {n / s:.2f}x | "
+                   f"{pct(lag_sink[k], 50):.3f} s | {pct(lag_sink[k], 99):.3f} s | {cs[0]:.2f} | "
+                   f"{cs[0] / ntx * 1e3:.3f} | {cs[1]:.2f} | {conflicts[k]} |")
+    return stage + "\n\n" + "\n".join(out)
 
 
 if __name__ == "__main__":

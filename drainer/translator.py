@@ -20,20 +20,21 @@ conflict.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import decimal
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.core.rowcodec import MySQLDateTime, datum_to_python, row_to_dict
+import sluice_native
+
+from sluice.core.rowcodec import datum_to_python, row_to_dict
 from sluice.core.table import quote_ident as quote_id
-from sluice.drainer.txn import RowEvent, SchemaLookup, Txn
+from sluice.drainer.txn import CorruptTxn, MutationSpan, SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 
 INSERT, UPDATE, DELETE, UPSERT = "insert", "update", "delete", "upsert"
 
-_KIND_OF_OP = {"c": INSERT, "u": UPDATE, "d": DELETE, "r": UPSERT}
+_INSERT, _UPDATE, _DELETE = pb.INSERT, pb.UPDATE, pb.DELETE
 # Inexact or unbounded types compare badly in a WHERE built from a full row image.
 _NOT_IN_ROW_IMAGE_WHERE = frozenset({"float", "double", "real"})
 _DATE_TYPES = frozenset({"date", "newdate"})
@@ -68,6 +69,7 @@ class ApplyShape:
         init=False, compare=False, repr=False)   # (key prefix, columns, primary) per unique index
     bit_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
     date_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
+    decoder: sluice_native.MutationDecoder = dataclasses.field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         qualified = f"{self.schema}.{self.table}"
@@ -79,9 +81,12 @@ class ApplyShape:
                                       for name, cols, primary in self.unique))
         set_(self, "bit_columns", frozenset(i for i, t in enumerate(self.data_types) if t == "bit"))
         set_(self, "date_columns", frozenset(i for i, t in enumerate(self.data_types) if t in _DATE_TYPES))
+        set_(self, "decoder", _decoder(self))
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+# Not frozen (like txn.RowEvent): a frozen dataclass's __init__ costs ~1 us more per row, and
+# nothing mutates these (nor hashes them: their shape holds protobuf messages).
+@dataclasses.dataclass(slots=True, eq=True)
 class RowChange:
     """One row change to apply downstream; values are in `shape.columns` order."""
 
@@ -132,77 +137,36 @@ def shape_of(info: pb.TableInfo) -> ApplyShape:
 # Values
 # --------------------------------------------------------------------------------------------
 
-def sql_value(value: Any, data_type: str) -> Any:
-    """A rowcodec Python value -> what pymysql must send so MySQL stores the source value."""
-    if value is None:
-        return None
-    if isinstance(value, MySQLDateTime):
-        # Zero dates and zero parts: Python's datetime cannot hold them, MySQL parses the text.
-        if data_type in _DATE_TYPES:
-            return f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
-        return str(value)
-    if isinstance(value, _dt.datetime):
-        # Datums are UTC and sink sessions run with time_zone '+00:00'.
-        return value.replace(tzinfo=None)
-    if data_type == "bit" and isinstance(value, bytes):
-        # A binary string assigned to BIT is checked against the width byte-wise; the integer is exact.
-        return int.from_bytes(value, "big")
-    return value
+_BIT_MODE, _DATE_MODE = 1, 2
 
 
-def decode_row(row: pb.Row, info: pb.TableInfo, shape: ApplyShape) -> tuple[Any, ...]:
-    datums = row.columns
-    n = len(datums)
-    if n == len(shape.columns):
-        visible = datums
-    elif n == shape.total:
-        visible = [datums[i] for i in shape.visible_pos]
-    else:
-        row_to_dict(row, info)  # raises the codec's error naming table, version and counts
-        raise AssertionError("unreachable")
-    out: list[Any] = []
-    append = out.append
-    # The common kinds inline (this is the drainer's hottest loop); the rest in _decode_other.
-    for i, d in enumerate(visible):
-        kind = d.WhichOneof("value")
-        if kind == "int":
-            append(d.int)
-        elif kind == "str":
-            append(d.str)
-        elif kind is None or kind == "null":
-            append(None)
-        elif kind == "uint":
-            append(d.uint)
-        elif kind == "double":
-            append(d.double)
-        else:
-            append(_decode_other(d, kind, i, shape))
-    return tuple(out)
+def _decoder(shape: ApplyShape) -> sluice_native.MutationDecoder:
+    """The native decoder of shape's rows (native/src/prewrite.rs): per visible column whether
+    BIT bytes become an integer (a binary string assigned to BIT is checked against the width
+    byte-wise; the integer is exact) and whether a datetime Datum is a DATE."""
+    modes = [_BIT_MODE if t == "bit" else _DATE_MODE if t in _DATE_TYPES else 0
+             for t in shape.data_types]
+    return sluice_native.MutationDecoder(shape.total, list(shape.visible_pos), modes)
 
 
-def _decode_other(d: pb.Datum, kind: str, i: int, shape: ApplyShape) -> Any:
-    """sql_value(datum_to_python(d)) for the remaining kinds, without its generic dispatch."""
-    if kind == "bytes":
-        return int.from_bytes(d.bytes, "big") if i in shape.bit_columns else d.bytes
-    if kind == "datetime":
-        v = d.datetime
-        try:
-            if i in shape.date_columns:
-                return _dt.date(v.year, v.month, v.day)
-            # Datums are UTC and sink sessions run with time_zone '+00:00': naive UTC.
-            return _dt.datetime(v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond)
-        except ValueError:
-            pass  # zero dates and zero parts: sql_value writes them as text
-    elif kind == "time":
-        v = d.time
-        td = _dt.timedelta(0, v.hours * 3600 + v.minutes * 60 + v.seconds, v.microseconds)
-        return -td if v.negative else td
-    elif kind == "decimal":
-        try:
-            return decimal.Decimal(d.decimal)
-        except decimal.InvalidOperation:
-            pass  # datum_to_python raises the codec's error naming the column
-    return sql_value(datum_to_python(d, shape.infos[i]), shape.data_types[i])
+def decode_mutation(txn: Txn, m: MutationSpan, shape: ApplyShape
+                    ) -> list[tuple[int, tuple[Any, ...] | None, tuple[Any, ...] | None]]:
+    """(MutationType, before, after) per row change of m, values in `shape.columns` order, as
+    pymysql must send them so MySQL stores the source value: NULL, ints (BIT as an integer),
+    doubles, exact `Decimal`s, bytes, text, JSON text, `date` for DATE, naive UTC `datetime`
+    (sink sessions run with time_zone '+00:00'), zero dates and zero parts as text (Python's
+    datetime cannot hold them, MySQL parses the text), TIME as `timedelta`."""
+    try:
+        return shape.decoder.decode(m.payload, m.start, m.end)
+    except sluice_native.DecodeError as e:
+        raise CorruptTxn(txn.pump_id, txn.start_ts, txn.commit_ts, f"{shape.qualified} (table id {shape.table_id}): {e}") from None
+    except sluice_native.ColumnCountError as e:
+        row_to_dict(pb.Row(columns=[pb.Datum()] * e.args[0]), m.info)  # the codec's error: table, version, counts
+        raise AssertionError("unreachable") from None
+    except sluice_native.DecimalTextError as e:
+        i, text = e.args
+        datum_to_python(pb.Datum(decimal=text), shape.infos[i])  # the codec's error naming the column
+        raise AssertionError("unreachable") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,20 +249,26 @@ class Translator:
         self._shapes[key] = (info, shape)
         return shape
 
-    def event(self, ev: RowEvent, commit_ts: int) -> RowChange:
-        shape = self.shape(ev.table_info, ev.schema, ev.table)
-        before = decode_row(ev.before, ev.table_info, shape) if ev.before is not None else None
-        after = decode_row(ev.after, ev.table_info, shape) if ev.after is not None else None
-        keys: list[str] = []
-        if before is not None:
-            keys += row_keys(shape, before)
-        if after is not None:
-            for k in row_keys(shape, after):
-                if k not in keys:
-                    keys.append(k)
-        return RowChange(_KIND_OF_OP[ev.op], shape, commit_ts, before, after, tuple(keys))
-
     def translate(self, txn: Txn, schema: SchemaLookup) -> list[RowChange]:
         """Row changes in source order; MissingSchema (naming table id and commit_ts) for a
-        table unknown at the transaction's commit_ts."""
-        return [self.event(ev, txn.commit_ts) for ev in txn.rows(schema)]
+        table unknown at the transaction's commit_ts, CorruptTxn for a malformed change."""
+        commit_ts = txn.commit_ts
+        snapshot_chunk, mutations = txn.mutations(schema)
+        out: list[RowChange] = []
+        append = out.append
+        insert_kind = UPSERT if snapshot_chunk else INSERT
+        for m in mutations:
+            shape = self.shape(m.info, m.schema, m.table)
+            for tp, before, after in decode_mutation(txn, m, shape):
+                if tp == _UPDATE:
+                    keys = row_keys(shape, before)
+                    for k in row_keys(shape, after):
+                        if k not in keys:
+                            keys.append(k)
+                    append(RowChange(UPDATE, shape, commit_ts, before, after, tuple(keys)))
+                elif tp == _DELETE:
+                    append(RowChange(DELETE, shape, commit_ts, before, None, tuple(row_keys(shape, before))))
+                else:
+                    append(RowChange(insert_kind if tp == _INSERT else UPSERT, shape, commit_ts,
+                                     None, after, tuple(dict.fromkeys(row_keys(shape, after)))))
+        return out

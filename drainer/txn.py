@@ -15,8 +15,9 @@ import bisect
 import dataclasses
 import json
 import logging
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
+import sluice_native
 from google.protobuf.message import DecodeError
 
 from sluice.core.errors import SluiceError
@@ -93,6 +94,18 @@ class RowEvent:
     seq: int                      # 0-based order of the row within its transaction
 
 
+class MutationSpan(NamedTuple):
+    """One TableMutation of a transaction: its table shape at commit_ts, its names, and where
+    its bytes are (`payload[start:end]`, the TableMutation body) for the native decoder."""
+
+    info: pb.TableInfo
+    schema: str
+    table: str
+    payload: bytes
+    start: int
+    end: int
+
+
 class SchemaLookup(Protocol):
     def table_at(self, table_id: int, commit_ts: int) -> pb.TableInfo | None: ...
 
@@ -108,6 +121,12 @@ class Txn:
     prewrite: pb.PrewriteValue
     snapshot: pb.SnapshotProgress | None
     pump_id: str
+    # The serialized PrewriteValue (its parts joined) and the message parsed from it: the MySQL
+    # sink decodes rows natively from these bytes (Txn.mutations). They stand for `prewrite`
+    # only while it is that very message: a Txn rebuilt with another one (the table filter's
+    # dataclasses.replace) keeps the old pair, and prewrite_bytes() serializes the new one.
+    payload: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
+    payload_of: pb.PrewriteValue | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def ddl(self) -> pb.DDL | None:
@@ -164,6 +183,41 @@ class Txn:
                 seq += 1
         return out
 
+    def prewrite_bytes(self) -> bytes:
+        if self.payload is not None and self.payload_of is self.prewrite:
+            return self.payload
+        return self.prewrite.SerializeToString()
+
+    def mutations(self, schema: SchemaLookup) -> tuple[bool, list[MutationSpan]]:
+        """(snapshot_chunk, the mutations in source order with the byte span of each in
+        `prewrite_bytes()`), checked like `rows`: MissingSchema for a table unknown at commit_ts,
+        CorruptTxn for a change lacking its image or of unknown type, in the same order."""
+        payload = self.prewrite_bytes()
+        commit_ts = self.commit_ts
+        try:
+            snapshot_chunk, walked = sluice_native.prewrite_mutations(payload)
+        except sluice_native.DecodeError as e:
+            raise CorruptTxn(self.pump_id, self.start_ts, commit_ts, str(e)) from None
+        out: list[MutationSpan] = []
+        seq = 0
+        for table_id, schema_name, table_name, version, start, end, count, problem in walked:
+            info = schema.table_at(table_id, commit_ts)
+            if info is None:
+                raise MissingSchema(table_id, schema_name, table_name, commit_ts)
+            if version and info.version and version != info.version:
+                log.warning("table version mismatch", extra=kv(table_id=table_id, rows_version=version, schema_version=info.version, commit_ts=commit_ts))
+            if problem is not None:
+                index, tp, image = problem
+                if image is None:
+                    raise CorruptTxn(self.pump_id, self.start_ts, commit_ts,
+                                     f"row change of unknown type {tp} for table id {table_id}")
+                op = "r" if snapshot_chunk and tp in (_INSERT, _READ) else _OPS[tp]
+                raise self._lacks(seq + index, table_id, op, image)
+            out.append(MutationSpan(info, info.schema_name or schema_name,
+                                    info.table_name or table_name, payload, start, end))
+            seq += count
+        return snapshot_chunk, out
+
     def _lacks(self, seq: int, table_id: int, op: str, image: str) -> CorruptTxn:
         return CorruptTxn(self.pump_id, self.start_ts, self.commit_ts,
                           f"op {op} row #{seq} of table id {table_id} lacks its {image} image")
@@ -214,8 +268,9 @@ class Txn:
                              f"missing prewrite part(s) {missing} of {count}")
         ordered = [parts[i] for i in range(count)]
         value = pb.PrewriteValue()
+        joined = ordered[0].prewrite_value if count == 1 else b"".join(p.prewrite_value for p in ordered)
         try:
-            value.ParseFromString(b"".join(p.prewrite_value for p in ordered))
+            value.ParseFromString(joined)
         except DecodeError as e:
             raise CorruptTxn(pump_id, start_ts, commit_ts,
                              f"undecodable prewrite value ({count} part(s)): {e}") from None
@@ -226,7 +281,8 @@ class Txn:
                     else first.snapshot if first.HasField("snapshot") else None)
         return cls(commit_ts=commit_ts, start_ts=start_ts,
                    producer_id=c.producer_id or first.producer_id, position=position,
-                   prewrite=value, snapshot=snapshot, pump_id=pump_id)
+                   prewrite=value, snapshot=snapshot, pump_id=pump_id, payload=joined,
+                   payload_of=value)
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@
 //! Layouts: MySQL `Field::unpack`, `my_datetime_packed_from_binary`,
 //! `my_time_packed_from_binary`, `decimal2bin`; MariaDB `Field_*::unpack`.
 
+mod prewrite;
+
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
 use pyo3::prelude::*;
@@ -839,5 +841,10 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
     m.add_function(wrap_pyfunction!(split_packets, m)?)?;
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
+    // the drainer's side (prewrite.rs): Prewrite payloads -> the MySQL sink's SQL parameters
+    m.add_class::<prewrite::MutationDecoder>()?;
+    m.add_function(wrap_pyfunction!(prewrite::prewrite_mutations, m)?)?;
+    m.add("ColumnCountError", m.py().get_type::<prewrite::ColumnCountError>())?;
+    m.add("DecimalTextError", m.py().get_type::<prewrite::DecimalTextError>())?;
     Ok(())
 }

@@ -1,0 +1,583 @@
+//! The drainer's per-row work: the `repeated TableMutation` of a serialized `PrewriteValue`
+//! (proto/sluice.proto) -> the Python values the MySQL sink binds as SQL parameters, straight
+//! from the wire bytes (no protobuf message objects, no per-field Python wrappers).
+//!
+//! Narrow API (Python keeps control flow, errors and every invariant; drainer/txn.py and
+//! drainer/translator.py are the only callers):
+//! - `prewrite_mutations(payload) -> (snapshot_chunk, [(table_id, schema_name, table_name,
+//!   table_version, start, end, changes, problem), ...])`: the mutations in wire order, each
+//!   with the byte span of its TableMutation body in `payload`, its number of row changes and
+//!   the first change that cannot be applied: `None`, or `(index, tp, image)` where `image` is
+//!   the missing image ("before" / "after") or `None` for an unknown change type. Python turns a
+//!   problem into CorruptTxn and an unknown table into MissingSchema, in the old order.
+//! - `MutationDecoder(total, visible_pos, modes)`: compiled once per table shape (ApplyShape):
+//!   `total` columns in a full row, `visible_pos` the positions of the visible ones, `modes` one
+//!   per visible column (0 plain, 1 BIT: bytes -> int, 2 DATE: a date, not a datetime).
+//!   `decode(payload, start, end) -> [(tp, before, after), ...]` for the mutation body at
+//!   `payload[start:end]`: `tp` the MutationType number, `before` (UPDATE, DELETE) and `after`
+//!   (INSERT, UPDATE, READ) tuples of visible values, else None. A row of `total` values drops
+//!   the hidden ones; one of as many values as visible columns is taken as is.
+//!
+//! Values (exactly drainer/translator.py's former `decode_row`, kept in tests/support/
+//! pytranslate.py as the differential oracle): NULL or an empty Datum -> None, int / uint ->
+//! int, double -> float, decimal -> `decimal.Decimal(text)`, bytes -> bytes (BIT: big-endian
+//! int), str and JSON -> str, datetime -> naive `datetime.datetime` (DATE: `datetime.date`),
+//! zero dates and zero parts (the constructor's ValueError) -> the text MySQL parses
+//! ("YYYY-MM-DD" for DATE, "YYYY-MM-DD HH:MM:SS.ffffff" else), TIME -> `datetime.timedelta`
+//! (negative and beyond 24 h).
+//!
+//! Errors: bytes that are not protobuf wire format (or a datetime part beyond a C int) raise
+//! `DecodeError` naming the byte or value; a row
+//! of a wrong length raises `ColumnCountError(n)` and an undecodable decimal text
+//! `DecimalTextError(column, text)` (column: visible index), which Python turns into the
+//! codec's own error. Protobuf rules kept: unknown fields and fields of an unexpected wire
+//! type are skipped, the last of a oneof wins, repeated occurrences of a message field merge.
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use crate::DecodeError;
+
+create_exception!(sluice_native, ColumnCountError, PyValueError, "A row whose number of values fits neither the full nor the visible columns: args (n,).");
+create_exception!(sluice_native, DecimalTextError, PyValueError, "A decimal Datum whose text decimal.Decimal refuses: args (column, text).");
+
+const MODE_BIT: u8 = 1;
+const MODE_DATE: u8 = 2;
+
+// ------------------------------------------------------------------------------------------------
+// wire reading
+// ------------------------------------------------------------------------------------------------
+
+struct Rd<'a> {
+    b: &'a [u8],
+    p: usize,
+    end: usize,
+}
+
+type WireResult<T> = Result<T, String>;
+
+impl<'a> Rd<'a> {
+    fn new(b: &'a [u8], start: usize, end: usize) -> Self {
+        Rd { b, p: start, end }
+    }
+
+    #[inline]
+    fn more(&self) -> bool {
+        self.p < self.end
+    }
+
+    #[inline]
+    fn varint(&mut self) -> WireResult<u64> {
+        let mut v: u64 = 0;
+        let mut shift = 0u32;
+        loop {
+            if self.p >= self.end {
+                return Err(format!("truncated varint at byte {}", self.p));
+            }
+            let x = self.b[self.p];
+            self.p += 1;
+            if shift < 64 {
+                v |= ((x & 0x7F) as u64) << shift;
+            }
+            if x < 0x80 {
+                return Ok(v);
+            }
+            shift += 7;
+            if shift >= 70 {
+                return Err(format!("varint longer than 10 bytes ending at byte {}", self.p));
+            }
+        }
+    }
+
+    #[inline]
+    fn tag(&mut self) -> WireResult<(u64, u8)> {
+        let at = self.p;
+        let t = self.varint()?;
+        let field = t >> 3;
+        if field == 0 {
+            return Err(format!("field number 0 at byte {at}"));
+        }
+        Ok((field, (t & 7) as u8))
+    }
+
+    #[inline]
+    fn span(&mut self) -> WireResult<(usize, usize)> {
+        let at = self.p;
+        let n = self.varint()?;
+        let start = self.p;
+        match (n as usize).checked_add(start) {
+            Some(e) if n <= usize::MAX as u64 && e <= self.end => {
+                self.p = e;
+                Ok((start, e))
+            }
+            _ => Err(format!("length {n} at byte {at} runs past the end of its message (byte {})", self.end)),
+        }
+    }
+
+    fn fixed(&mut self, n: usize) -> WireResult<&'a [u8]> {
+        if self.p + n > self.end {
+            return Err(format!("truncated fixed{} at byte {}", n * 8, self.p));
+        }
+        let s = &self.b[self.p..self.p + n];
+        self.p += n;
+        Ok(s)
+    }
+
+    fn skip(&mut self, wire: u8, field: u64) -> WireResult<()> {
+        self.skip_nested(wire, field, 0)
+    }
+
+    /// Groups nest: bounded like upb's default depth, so hostile bytes cannot exhaust the stack.
+    fn skip_nested(&mut self, wire: u8, field: u64, depth: u32) -> WireResult<()> {
+        match wire {
+            0 => self.varint().map(|_| ()),
+            1 => self.fixed(8).map(|_| ()),
+            2 => self.span().map(|_| ()),
+            5 => self.fixed(4).map(|_| ()),
+            3 => {
+                // a group: skip to its matching end tag
+                if depth >= 100 {
+                    return Err(format!("groups nested deeper than 100 at byte {}", self.p));
+                }
+                loop {
+                    if !self.more() {
+                        return Err(format!("unterminated group {field} at byte {}", self.p));
+                    }
+                    let (f, w) = self.tag()?;
+                    if w == 4 {
+                        if f != field {
+                            return Err(format!("group {field} closed by end tag {f} at byte {}", self.p));
+                        }
+                        return Ok(());
+                    }
+                    self.skip_nested(w, f, depth + 1)?;
+                }
+            }
+            _ => Err(format!("wire type {wire} of field {field} at byte {}", self.p)),
+        }
+    }
+}
+
+fn wire_err(what: &str, e: String) -> PyErr {
+    DecodeError::new_err(format!("undecodable {what}: {e}"))
+}
+
+fn utf8<'py>(py: Python<'py>, b: &[u8], what: &str) -> PyResult<Bound<'py, PyString>> {
+    match std::str::from_utf8(b) {
+        Ok(s) => Ok(PyString::new(py, s)),
+        Err(e) => Err(DecodeError::new_err(format!("{what} is not valid utf-8: invalid byte at position {}", e.valid_up_to()))),
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// the walk: PrewriteValue -> mutations
+// ------------------------------------------------------------------------------------------------
+
+/// One RowChange body: its type and the spans of its before / after Row messages (a message
+/// field that occurs more than once merges: a Row's repeated columns concatenate).
+struct Change {
+    tp: i32,
+    before: Vec<(usize, usize)>,
+    after: Vec<(usize, usize)>,
+}
+
+fn parse_change(b: &[u8], start: usize, end: usize) -> WireResult<Change> {
+    let mut r = Rd::new(b, start, end);
+    let mut ch = Change { tp: 0, before: Vec::new(), after: Vec::new() };
+    while r.more() {
+        let (f, w) = r.tag()?;
+        match (f, w) {
+            (1, 0) => ch.tp = r.varint()? as i32,
+            (2, 2) => ch.before.push(r.span()?),
+            (3, 2) => ch.after.push(r.span()?),
+            _ => r.skip(w, f)?,
+        }
+    }
+    Ok(ch)
+}
+
+/// The image a change of type `tp` lacks: Some("before"/"after"), Some(None) for an unknown
+/// type, None when it is complete (drainer/txn.py's rule).
+fn lacks(ch: &Change) -> Option<Option<&'static str>> {
+    let (hb, ha) = (!ch.before.is_empty(), !ch.after.is_empty());
+    match ch.tp {
+        1 | 4 => (!ha).then_some(Some("after")),
+        2 => (!hb || !ha).then_some(Some(if hb { "after" } else { "before" })),
+        3 => (!hb).then_some(Some("before")),
+        _ => Some(None),
+    }
+}
+
+/// See the module doc.
+#[pyfunction]
+pub fn prewrite_mutations<'py>(py: Python<'py>, payload: &Bound<'py, PyBytes>) -> PyResult<(bool, Bound<'py, PyList>)> {
+    let b = payload.as_bytes();
+    let what = "prewrite value";
+    let out = PyList::empty(py);
+    let mut snapshot_chunk = false;
+    let mut r = Rd::new(b, 0, b.len());
+    while r.more() {
+        let (f, w) = r.tag().map_err(|e| wire_err(what, e))?;
+        match (f, w) {
+            (2, 2) => {
+                let (s, e) = r.span().map_err(|e| wire_err(what, e))?;
+                out.append(mutation_entry(py, b, s, e)?)?;
+            }
+            (6, 0) => snapshot_chunk = r.varint().map_err(|e| wire_err(what, e))? != 0,
+            _ => r.skip(w, f).map_err(|e| wire_err(what, e))?,
+        }
+    }
+    Ok((snapshot_chunk, out))
+}
+
+fn mutation_entry<'py>(py: Python<'py>, b: &[u8], start: usize, end: usize) -> PyResult<Bound<'py, PyTuple>> {
+    let what = "table mutation";
+    let mut r = Rd::new(b, start, end);
+    let (mut table_id, mut version) = (0i64, 0i64);
+    let (mut schema, mut table): (&[u8], &[u8]) = (&[], &[]);
+    let mut changes = 0usize;
+    let mut problem: Option<(usize, i32, Option<&'static str>)> = None;
+    while r.more() {
+        let (f, w) = r.tag().map_err(|e| wire_err(what, e))?;
+        match (f, w) {
+            (1, 0) => table_id = r.varint().map_err(|e| wire_err(what, e))? as i64,
+            (2, 2) => {
+                let (s, e) = r.span().map_err(|e| wire_err(what, e))?;
+                schema = &b[s..e];
+            }
+            (3, 2) => {
+                let (s, e) = r.span().map_err(|e| wire_err(what, e))?;
+                table = &b[s..e];
+            }
+            (4, 0) => version = r.varint().map_err(|e| wire_err(what, e))? as i64,
+            (5, 2) => {
+                let (s, e) = r.span().map_err(|e| wire_err(what, e))?;
+                if problem.is_none() {
+                    let ch = parse_change(b, s, e).map_err(|e| wire_err("row change", e))?;
+                    if let Some(image) = lacks(&ch) {
+                        problem = Some((changes, ch.tp, image));
+                    }
+                }
+                changes += 1;
+            }
+            _ => r.skip(w, f).map_err(|e| wire_err(what, e))?,
+        }
+    }
+    let schema = utf8(py, schema, "schema_name")?;
+    let table = utf8(py, table, "table_name")?;
+    let problem = match problem {
+        None => py.None().into_bound(py),
+        Some((i, tp, image)) => (i, tp, image).into_pyobject(py)?.into_any(),
+    };
+    (table_id, schema, table, version, start, end, changes, problem).into_pyobject(py)
+}
+
+// ------------------------------------------------------------------------------------------------
+// the decoder: one mutation's changes -> tuples of SQL parameters
+// ------------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Default)]
+struct DateTime {
+    year: i32,
+    month: u32,
+    day: u32,
+    hour: u32,
+    minute: u32,
+    second: u32,
+    microsecond: u32,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Time {
+    negative: bool,
+    hours: u32,
+    minutes: u32,
+    seconds: u32,
+    microseconds: u32,
+}
+
+enum Value {
+    Null,
+    Int(i64),
+    Uint(u64),
+    Double(f64),
+    Decimal(usize, usize),
+    Bytes(usize, usize),
+    Str(usize, usize),
+    DateTime(DateTime),
+    Time(Time),
+}
+
+fn parse_datetime(b: &[u8], (s, e): (usize, usize), v: &mut DateTime) -> WireResult<()> {
+    let mut r = Rd::new(b, s, e);
+    while r.more() {
+        let (f, w) = r.tag()?;
+        if w != 0 || !(1..=7).contains(&f) {
+            r.skip(w, f)?;
+            continue;
+        }
+        let x = r.varint()?;
+        match f {
+            1 => v.year = x as i32,
+            2 => v.month = x as u32,
+            3 => v.day = x as u32,
+            4 => v.hour = x as u32,
+            5 => v.minute = x as u32,
+            6 => v.second = x as u32,
+            _ => v.microsecond = x as u32,
+        }
+    }
+    Ok(())
+}
+
+fn parse_time(b: &[u8], (s, e): (usize, usize), v: &mut Time) -> WireResult<()> {
+    let mut r = Rd::new(b, s, e);
+    while r.more() {
+        let (f, w) = r.tag()?;
+        if w != 0 || !(1..=5).contains(&f) {
+            r.skip(w, f)?;
+            continue;
+        }
+        let x = r.varint()?;
+        match f {
+            1 => v.negative = x != 0,
+            2 => v.hours = x as u32,
+            3 => v.minutes = x as u32,
+            4 => v.seconds = x as u32,
+            _ => v.microseconds = x as u32,
+        }
+    }
+    Ok(())
+}
+
+fn parse_datum(b: &[u8], s: usize, e: usize) -> WireResult<Value> {
+    let mut r = Rd::new(b, s, e);
+    let mut v = Value::Null;
+    while r.more() {
+        let (f, w) = r.tag()?;
+        v = match (f, w) {
+            (1, 0) => {
+                r.varint()?;
+                Value::Null
+            }
+            (2, 0) => {
+                let z = r.varint()?;
+                Value::Int(((z >> 1) as i64) ^ -((z & 1) as i64))
+            }
+            (3, 0) => Value::Uint(r.varint()?),
+            (4, 1) => {
+                let x = r.fixed(8)?;
+                Value::Double(f64::from_le_bytes(x.try_into().unwrap()))
+            }
+            (5, 2) => {
+                let (a, z) = r.span()?;
+                Value::Decimal(a, z)
+            }
+            (6, 2) => {
+                let (a, z) = r.span()?;
+                Value::Bytes(a, z)
+            }
+            (7, 2) | (10, 2) => {
+                let (a, z) = r.span()?;
+                Value::Str(a, z)
+            }
+            (8, 2) => {
+                let mut d = if let Value::DateTime(d) = v { d } else { DateTime::default() };
+                parse_datetime(b, r.span()?, &mut d)?;
+                Value::DateTime(d)
+            }
+            (9, 2) => {
+                let mut t = if let Value::Time(t) = v { t } else { Time::default() };
+                parse_time(b, r.span()?, &mut t)?;
+                Value::Time(t)
+            }
+            _ => {
+                r.skip(w, f)?;
+                v
+            }
+        };
+    }
+    Ok(v)
+}
+
+#[pyclass(frozen, module = "sluice_native")]
+pub struct MutationDecoder {
+    total: usize,
+    visible_pos: Vec<usize>,
+    modes: Vec<u8>,
+    decimal: Py<PyAny>,
+    invalid_operation: Py<PyAny>,
+    date: Py<PyAny>,
+    datetime: Py<PyAny>,
+    timedelta: Py<PyAny>,
+    int_from_bytes: Py<PyAny>,
+}
+
+impl MutationDecoder {
+    fn value<'py>(&self, py: Python<'py>, b: &[u8], i: usize, v: Value) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match v {
+            Value::Null => py.None().into_bound(py),
+            Value::Int(x) => x.into_pyobject(py)?.into_any(),
+            Value::Uint(x) => x.into_pyobject(py)?.into_any(),
+            Value::Double(x) => x.into_pyobject(py)?.into_any(),
+            Value::Str(s, e) => utf8(py, &b[s..e], "text value")?.into_any(),
+            Value::Bytes(s, e) => {
+                let raw = &b[s..e];
+                if self.modes[i] == MODE_BIT {
+                    if raw.len() <= 8 {
+                        raw.iter().fold(0u64, |acc, &x| (acc << 8) | x as u64).into_pyobject(py)?.into_any()
+                    } else {
+                        self.int_from_bytes.bind(py).call1((PyBytes::new(py, raw), "big"))?
+                    }
+                } else {
+                    PyBytes::new(py, raw).into_any()
+                }
+            }
+            Value::Decimal(s, e) => {
+                let text = utf8(py, &b[s..e], "decimal text")?;
+                match self.decimal.bind(py).call1((&text,)) {
+                    Ok(d) => d,
+                    Err(err) if err.is_instance(py, self.invalid_operation.bind(py)) => {
+                        return Err(DecimalTextError::new_err((i, text.unbind())));
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            Value::DateTime(d) => {
+                // Python's constructors take C ints: a part beyond one is a corrupt value, not a
+                // zero part (the old path let their OverflowError escape unnamed).
+                let parts = [d.month, d.day, d.hour, d.minute, d.second, d.microsecond];
+                if parts.iter().any(|&x| x > i32::MAX as u32) {
+                    return Err(DecodeError::new_err(format!(
+                        "datetime value of column #{i} has a part beyond 2147483647: {}-{}-{} {}:{}:{}.{}",
+                        d.year, d.month, d.day, d.hour, d.minute, d.second, d.microsecond)));
+                }
+                let made = if self.modes[i] == MODE_DATE {
+                    self.date.bind(py).call1((d.year, d.month, d.day))
+                } else {
+                    self.datetime.bind(py).call1((d.year, d.month, d.day, d.hour, d.minute, d.second, d.microsecond))
+                };
+                match made {
+                    Ok(x) => x,
+                    // zero dates and zero parts: Python's datetime cannot hold them, MySQL parses the text
+                    Err(err) if err.is_instance_of::<PyValueError>(py) => {
+                        let text = if self.modes[i] == MODE_DATE {
+                            format!("{:04}-{:02}-{:02}", d.year, d.month, d.day)
+                        } else {
+                            format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}", d.year, d.month, d.day,
+                                    d.hour, d.minute, d.second, d.microsecond)
+                        };
+                        PyString::new(py, &text).into_any()
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            Value::Time(t) => {
+                let secs = t.hours as u64 * 3600 + t.minutes as u64 * 60 + t.seconds as u64;
+                let td = self.timedelta.bind(py).call1((0u32, secs, t.microseconds))?;
+                if t.negative { td.neg()? } else { td }
+            }
+        })
+    }
+
+    /// One image (the Row spans of one change) -> a tuple of visible values.
+    fn row<'py>(&self, py: Python<'py>, b: &[u8], spans: &[(usize, usize)],
+                datums: &mut Vec<(usize, usize)>) -> PyResult<Bound<'py, PyTuple>> {
+        datums.clear();
+        for &(s, e) in spans {
+            let mut r = Rd::new(b, s, e);
+            while r.more() {
+                let (f, w) = r.tag().map_err(|e| wire_err("row", e))?;
+                if (f, w) == (1, 2) {
+                    datums.push(r.span().map_err(|e| wire_err("row", e))?);
+                } else {
+                    r.skip(w, f).map_err(|e| wire_err("row", e))?;
+                }
+            }
+        }
+        let n = datums.len();
+        let nvis = self.visible_pos.len();
+        let mut vals: Vec<Bound<'py, PyAny>> = Vec::with_capacity(nvis);
+        if n == nvis {
+            for (i, &(s, e)) in datums.iter().enumerate() {
+                let v = parse_datum(b, s, e).map_err(|e| wire_err("datum", e))?;
+                vals.push(self.value(py, b, i, v)?);
+            }
+        } else if n == self.total {
+            for (i, &p) in self.visible_pos.iter().enumerate() {
+                let (s, e) = datums[p];
+                let v = parse_datum(b, s, e).map_err(|e| wire_err("datum", e))?;
+                vals.push(self.value(py, b, i, v)?);
+            }
+        } else {
+            return Err(ColumnCountError::new_err((n,)));
+        }
+        PyTuple::new(py, vals)
+    }
+}
+
+#[pymethods]
+impl MutationDecoder {
+    #[new]
+    fn new(py: Python<'_>, total: usize, visible_pos: Vec<usize>, modes: Vec<u8>) -> PyResult<Self> {
+        if visible_pos.len() != modes.len() {
+            return Err(PyValueError::new_err(format!("{} visible positions, {} modes", visible_pos.len(), modes.len())));
+        }
+        if let Some(&p) = visible_pos.iter().find(|&&p| p >= total) {
+            return Err(PyValueError::new_err(format!("visible position {p} outside a row of {total} columns")));
+        }
+        let dt = py.import("datetime")?;
+        let dec = py.import("decimal")?;
+        Ok(MutationDecoder {
+            total,
+            visible_pos,
+            modes,
+            decimal: dec.getattr("Decimal")?.unbind(),
+            invalid_operation: dec.getattr("InvalidOperation")?.unbind(),
+            date: dt.getattr("date")?.unbind(),
+            datetime: dt.getattr("datetime")?.unbind(),
+            timedelta: dt.getattr("timedelta")?.unbind(),
+            int_from_bytes: py.get_type::<pyo3::types::PyInt>().getattr("from_bytes")?.unbind(),
+        })
+    }
+
+    /// See the module doc.
+    fn decode<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyBytes>, start: usize, end: usize) -> PyResult<Bound<'py, PyList>> {
+        let b = payload.as_bytes();
+        if start > end || end > b.len() {
+            return Err(PyValueError::new_err(format!("mutation [{start}, {end}) outside a payload of {} bytes", b.len())));
+        }
+        let out = PyList::empty(py);
+        let mut datums = Vec::new();
+        let mut r = Rd::new(b, start, end);
+        let mut index = 0usize;
+        while r.more() {
+            let (f, w) = r.tag().map_err(|e| wire_err("table mutation", e))?;
+            if (f, w) != (5, 2) {
+                r.skip(w, f).map_err(|e| wire_err("table mutation", e))?;
+                continue;
+            }
+            let (s, e) = r.span().map_err(|e| wire_err("table mutation", e))?;
+            let ch = parse_change(b, s, e).map_err(|e| wire_err("row change", e))?;
+            if let Some(image) = lacks(&ch) {
+                return Err(DecodeError::new_err(format!(
+                    "row change #{index} of type {} lacks its {} image", ch.tp, image.unwrap_or("known type's"))));
+            }
+            let before = if ch.tp == 2 || ch.tp == 3 {
+                self.row(py, b, &ch.before, &mut datums)?.into_any()
+            } else {
+                py.None().into_bound(py)
+            };
+            let after = if ch.tp != 3 {
+                self.row(py, b, &ch.after, &mut datums)?.into_any()
+            } else {
+                py.None().into_bound(py)
+            };
+            out.append((ch.tp, before, after))?;
+            index += 1;
+        }
+        Ok(out)
+    }
+}
