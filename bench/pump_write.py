@@ -4,8 +4,11 @@ through coalesced batched writes, vs redis-server XADD with appendfsync always (
 Also PullBinlogs throughput (one stream, the whole store from ts 0, best of three) vs plain
 sequential reads of the same segment files (header parse + payload read, best of three).
 The pump's own CPU (user + system, from /proc) is reported per binlog written and per binlog
-served: on a shared, saturated machine that is the number that compares across runs.
+served: on a shared, saturated machine that is the number that compares across runs. With
+`--followers N`, N PullBinlogs streams follow the writes live (as drainers do), so the write
+phase's CPU per binlog includes serving each binlog N times as it becomes final.
 Usage: .venv/bin/python bench/pump_write.py [--seconds 10] [--writers 64] [--skip-redis]
+       [--followers 2]
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -116,6 +120,27 @@ async def pump_run(addr: str, writers: int, seconds: float) -> tuple[float, list
     return rate, lat, rpcs
 
 
+def follow(addr: str, stop: threading.Event, counts: list[int], k: int,
+           streams: list[grpc.Future]) -> None:
+    """One live PullBinlogs stream from ts 0 until `stop` (counts[k]: binlogs received; the
+    caller cancels the streams in `streams`)."""
+    ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
+    stream = pbg.PumpStub(ch).PullBinlogs(pb.PullBinlogsReq(cluster_id=CLUSTER_ID,
+                                                            after_commit_ts=0, packed_meta=True))
+    streams.append(stream)
+    try:
+        for resp in stream:
+            counts[k] += len(resp.binlogs)
+            if stop.is_set():
+                break
+    except grpc.RpcError:
+        if not stop.is_set():
+            raise
+    finally:
+        stream.cancel()
+        ch.close()
+
+
 def pull_all(addr: str, expect: int) -> tuple[float, float, int]:
     ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
     stub = pbg.PumpStub(ch)
@@ -155,6 +180,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--writers", type=int, default=64)
+    ap.add_argument("--followers", type=int, default=0,
+                    help="live PullBinlogs streams during the write phase (drainers)")
     ap.add_argument("--skip-redis", action="store_true",
                     help="pump only (CPU per binlog needs no redis; the ratio rows are omitted)")
     args = ap.parse_args()
@@ -180,11 +207,24 @@ def main() -> int:
             print(f"  redis XADD pipeline 16:        {r16:,.0f}/s", flush=True)
         pid = pump.proc.pid
         load_w = loadavg()
+        stop = threading.Event()
+        counts = [0] * args.followers
+        streams: list[grpc.Future] = []
+        followers = [threading.Thread(target=follow, args=(pump.addr, stop, counts, k, streams),
+                                      daemon=True) for k in range(args.followers)]
+        for t in followers:
+            t.start()
         cpu0 = proc_cpu(pid)
         ours, lat, rpcs = asyncio.run(pump_run(pump.addr, args.writers, args.seconds))
         write_cpu = proc_cpu(pid) - cpu0
+        stop.set()
+        for stream in streams:
+            stream.cancel()
+        for t in followers:
+            t.join(timeout=30)
         written = round(ours * args.seconds)
-        print(f"  sluice pump batched writes:    {ours:,.0f}/s ({rpcs} RPCs); pump CPU "
+        served = f", {args.followers} live followers got {counts}" if followers else ""
+        print(f"  sluice pump batched writes:    {ours:,.0f}/s ({rpcs} RPCs{served}); pump CPU "
               f"{write_cpu:.2f} s = {write_cpu / written * 1e6:.1f} µs per binlog written "
               f"(load {load_w})", flush=True)
         total = int(ours * args.seconds)
