@@ -32,9 +32,10 @@ PULL_MESSAGE_BYTES = 2 << 20   # payload bytes per PullBinlogs response (about)
 # and a 2 MiB first response (~10k transactions) took 60-190 ms to build on a loaded pump.
 PULL_FIRST_MESSAGE_BYTES = 128 << 10
 # A stream that has caught up reads what each durable group added on the event loop itself,
-# up to this many bytes: a hop to a worker thread and back costs more CPU than reading a few
-# transactions, and it happens for every group and every puller. A read that finds more (the
-# stream fell behind) is continued in a worker thread, so the loop never reads much at once.
+# up to about this many bytes: a hop to a worker thread and back costs more CPU than reading a
+# few transactions, and it happens for every group and every puller. A read that finds more
+# (the stream fell behind, or a transaction larger than this or of several parts) stops there
+# and is continued in a worker thread, so the loop never reads much at once.
 PULL_INLINE_BYTES = 64 << 10
 
 
@@ -160,7 +161,7 @@ class PumpService(pbg.PumpServicer):
             while True:
                 changed.clear()
                 if live:
-                    chunk = reader.next_chunk(PULL_INLINE_BYTES)
+                    chunk = reader.next_chunk(PULL_INLINE_BYTES, inline=True)
                 else:
                     chunk = await asyncio.to_thread(reader.next_chunk, size)
                 if chunk.count or chunk.covered > last_sent_wm:
