@@ -120,10 +120,10 @@ async def pump_run(addr: str, writers: int, seconds: float) -> tuple[float, list
     return rate, lat, rpcs
 
 
-def follow(addr: str, stop: threading.Event, counts: list[int], k: int,
+def follow(addr: str, stop: threading.Event, counts: list[int], msgs: list[int], k: int,
            streams: list[grpc.Future]) -> None:
-    """One live PullBinlogs stream from ts 0 until `stop` (counts[k]: binlogs received; the
-    caller cancels the streams in `streams`)."""
+    """One live PullBinlogs stream from ts 0 until `stop` (counts[k]: binlogs received,
+    msgs[k]: responses; the caller cancels the streams in `streams`)."""
     ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
     stream = pbg.PumpStub(ch).PullBinlogs(pb.PullBinlogsReq(cluster_id=CLUSTER_ID,
                                                             after_commit_ts=0, packed_meta=True))
@@ -131,6 +131,7 @@ def follow(addr: str, stop: threading.Event, counts: list[int], k: int,
     try:
         for resp in stream:
             counts[k] += len(resp.binlogs)
+            msgs[k] += 1
             if stop.is_set():
                 break
     except grpc.RpcError:
@@ -209,8 +210,10 @@ def main() -> int:
         load_w = loadavg()
         stop = threading.Event()
         counts = [0] * args.followers
+        msgs = [0] * args.followers
         streams: list[grpc.Future] = []
-        followers = [threading.Thread(target=follow, args=(pump.addr, stop, counts, k, streams),
+        followers = [threading.Thread(target=follow,
+                                      args=(pump.addr, stop, counts, msgs, k, streams),
                                       daemon=True) for k in range(args.followers)]
         for t in followers:
             t.start()
@@ -223,7 +226,8 @@ def main() -> int:
         for t in followers:
             t.join(timeout=30)
         written = round(ours * args.seconds)
-        served = f", {args.followers} live followers got {counts}" if followers else ""
+        served = (f", {args.followers} live followers got {counts} binlogs in {msgs} responses"
+                  if followers else "")
         print(f"  sluice pump batched writes:    {ours:,.0f}/s ({rpcs} RPCs{served}); pump CPU "
               f"{write_cpu:.2f} s = {write_cpu / written * 1e6:.1f} µs per binlog written "
               f"(load {load_w})", flush=True)
