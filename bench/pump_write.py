@@ -3,7 +3,12 @@ through coalesced batched writes, vs redis-server XADD with appendfsync always (
 
 Also PullBinlogs throughput (one stream, the whole store from ts 0, best of three) vs plain
 sequential reads of the same segment files (header parse + payload read, best of three).
-Usage: .venv/bin/python bench/pump_write.py [--seconds 10] [--writers 64]
+The pump's own CPU (user + system, from /proc) is reported per binlog written and per binlog
+served: on a shared, saturated machine that is the number that compares across runs. With
+`--followers N`, N PullBinlogs streams follow the writes live (as drainers do), so the write
+phase's CPU per binlog includes serving each binlog N times as it becomes final.
+Usage: .venv/bin/python bench/pump_write.py [--seconds 10] [--writers 64] [--skip-redis]
+       [--followers 2]
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +40,17 @@ from tests.support.procs import EtcdServer, Proc, free_port, port_open, wait_unt
 PAYLOAD = pb.PrewriteValue(schema_version=1, mutations=[pb.TableMutation(table_id=1, changes=[
     pb.RowChange(tp=pb.INSERT, after=pb.Row(columns=[pb.Datum(bytes=os.urandom(1000))]))])]
 ).SerializeToString()
+
+
+def proc_cpu(pid: int, system_only: bool = False) -> float:
+    """CPU seconds (user + system, or system only) the process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[12]) if system_only else int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def pct(values: list[float], p: float) -> float:
@@ -104,6 +121,28 @@ async def pump_run(addr: str, writers: int, seconds: float) -> tuple[float, list
     return rate, lat, rpcs
 
 
+def follow(addr: str, stop: threading.Event, counts: list[int], msgs: list[int], k: int,
+           streams: list[grpc.Future]) -> None:
+    """One live PullBinlogs stream from ts 0 until `stop` (counts[k]: binlogs received,
+    msgs[k]: responses; the caller cancels the streams in `streams`)."""
+    ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
+    stream = pbg.PumpStub(ch).PullBinlogs(pb.PullBinlogsReq(cluster_id=CLUSTER_ID,
+                                                            after_commit_ts=0, packed_meta=True))
+    streams.append(stream)
+    try:
+        for resp in stream:
+            counts[k] += len(resp.binlogs)
+            msgs[k] += 1
+            if stop.is_set():
+                break
+    except grpc.RpcError:
+        if not stop.is_set():
+            raise
+    finally:
+        stream.cancel()
+        ch.close()
+
+
 def pull_all(addr: str, expect: int) -> tuple[float, float, int]:
     ch = grpc.insecure_channel(addr, options=grpcutil.CHANNEL_OPTIONS)
     stub = pbg.PumpStub(ch)
@@ -143,6 +182,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--writers", type=int, default=64)
+    ap.add_argument("--followers", type=int, default=0,
+                    help="live PullBinlogs streams during the write phase (drainers)")
+    ap.add_argument("--skip-redis", action="store_true",
+                    help="pump only (CPU per binlog needs no redis; the ratio rows are omitted)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-pump-"))
     etcd = EtcdServer(work / "etcd").start()
@@ -157,38 +200,73 @@ def main() -> int:
         cluster.start_tso()
         pump = cluster.start_pump(**{"heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0})
         print(f"benchmark: {args.writers} writers, {args.seconds}s each phase, 1 KiB binlogs", flush=True)
-        r1, rl1 = asyncio.run(redis_run(redis_port, args.writers, args.seconds, 1))
-        print(f"  redis XADD appendfsync=always: {r1:,.0f}/s", flush=True)
-        r16, rl16 = asyncio.run(redis_run(redis_port, args.writers, args.seconds, 16))
-        print(f"  redis XADD pipeline 16:        {r16:,.0f}/s", flush=True)
+        r1 = r16 = 0.0
+        rl1: list[float] = []
+        if not args.skip_redis:
+            r1, rl1 = asyncio.run(redis_run(redis_port, args.writers, args.seconds, 1))
+            print(f"  redis XADD appendfsync=always: {r1:,.0f}/s", flush=True)
+            r16, _ = asyncio.run(redis_run(redis_port, args.writers, args.seconds, 16))
+            print(f"  redis XADD pipeline 16:        {r16:,.0f}/s", flush=True)
+        pid = pump.proc.pid
+        load_w = loadavg()
+        stop = threading.Event()
+        counts = [0] * args.followers
+        msgs = [0] * args.followers
+        streams: list[grpc.Future] = []
+        followers = [threading.Thread(target=follow,
+                                      args=(pump.addr, stop, counts, msgs, k, streams),
+                                      daemon=True) for k in range(args.followers)]
+        for t in followers:
+            t.start()
+        cpu0, sys0 = proc_cpu(pid), proc_cpu(pid, system_only=True)
         ours, lat, rpcs = asyncio.run(pump_run(pump.addr, args.writers, args.seconds))
-        print(f"  sluice pump batched writes:    {ours:,.0f}/s ({rpcs} RPCs)", flush=True)
+        write_cpu = proc_cpu(pid) - cpu0
+        write_sys = proc_cpu(pid, system_only=True) - sys0
+        stop.set()
+        for stream in streams:
+            stream.cancel()
+        for t in followers:
+            t.join(timeout=30)
+        written = round(ours * args.seconds)
+        served = (f", {args.followers} live followers got {counts} binlogs in {msgs} responses"
+                  if followers else "")
+        print(f"  sluice pump batched writes:    {ours:,.0f}/s ({rpcs} RPCs{served}); pump CPU "
+              f"{write_cpu:.2f} s = {write_cpu / written * 1e6:.1f} µs per binlog written, "
+              f"{write_sys / written * 1e6:.1f} of them system (load {load_w})", flush=True)
         total = int(ours * args.seconds)
         # Best of three for both, alternating, so a burst of load from other processes on the
         # machine does not decide the ratio.
-        pulls, raws = [], []
+        pulls, raws, pull_cpus = [], [], []
         for _ in range(3):
+            cpu0 = proc_cpu(pid)
             pulls.append(pull_all(pump.addr, int(total * 0.95)))
+            pull_cpus.append((proc_cpu(pid) - cpu0) / pulls[-1][2] * 1e6)
             raws.append(raw_read(pump.data_dir))
         pull_rate, pull_mb, n = max(pulls)
         raw_rate, raw_mb, rn = max(raws)
-        print(f"  PullBinlogs: {pull_rate:,.0f}/s; raw segment read: {raw_rate:,.0f}/s", flush=True)
+        print(f"  PullBinlogs: {pull_rate:,.0f}/s; raw segment read: {raw_rate:,.0f}/s; pump CPU "
+              f"per binlog served {min(pull_cpus):.1f} µs (best of 3; load {loadavg()})",
+              flush=True)
     finally:
         cluster.stop()
         redis.stop()
         etcd.stop()
     today = datetime.date.today().isoformat()
     machine = f"{os.cpu_count()} cores"
-    rows = [
+    rows = [] if args.skip_redis else [
         ("pump writes vs redis XADD (64 asyncio callers)", f"{r1:,.0f}/s", f"{ours:,.0f}/s", ours / r1),
         ("pump writes vs redis XADD pipeline 16", f"{r16:,.0f}/s", f"{ours:,.0f}/s", ours / r16),
+    ]
+    rows += [
         ("PullBinlogs vs raw segment read (binlogs/s)", f"{raw_rate:,.0f}/s", f"{pull_rate:,.0f}/s",
          pull_rate / raw_rate),
     ]
     print(f"\n| what | baseline | ours | ratio | machine | date |\n|---|---|---|---|---|---|")
     for what, base, our, ratio in rows:
         print(f"| {what} | {base} | {our} | {ratio:.2f}x | {machine} | {today} |")
-    print(f"\nack latency ours p50 {pct(lat, .5):.2f} ms p99 {pct(lat, .99):.2f} ms; redis p50 "
+    print(f"\npump CPU: {write_cpu / written * 1e6:.1f} µs per binlog written, "
+          f"{min(pull_cpus):.1f} µs per binlog served")
+    print(f"ack latency ours p50 {pct(lat, .5):.2f} ms p99 {pct(lat, .99):.2f} ms; redis p50 "
           f"{pct(rl1, .5):.2f} ms p99 {pct(rl1, .99):.2f} ms; binlogs per RPC "
           f"{ours * args.seconds / max(rpcs, 1):.1f}; PullBinlogs {pull_mb:.1f} MB/s vs raw "
           f"{raw_mb:.1f} MB/s ({n} vs {rn} records)")

@@ -77,11 +77,12 @@ class ProducerAdmission:
             "prewrites from an offline producer", producer_id)
 
     @staticmethod
-    def check_value(value: bytes) -> None:
+    def check_value(value: bytes) -> pb.PrewriteValue:
         """Raise InvalidArgument unless a whole prewrite value parses as a PrewriteValue (every
-        drainer decodes it; one that cannot would stop them all at that commit_ts)."""
+        drainer decodes it; one that cannot would stop them all at that commit_ts); returns
+        it decoded (the storage reads the tables whose schema it declares from it)."""
         try:
-            pb.PrewriteValue.FromString(value)
+            return pb.PrewriteValue.FromString(value)
         except DecodeError as e:
             raise InvalidArgument(f"prewrite_value is not a valid PrewriteValue: {e}") from None
 

@@ -31,6 +31,12 @@ PULL_MESSAGE_BYTES = 2 << 20   # payload bytes per PullBinlogs response (about)
 # a consumer merging several pumps (the drainer) starts when every pump's first response is in,
 # and a 2 MiB first response (~10k transactions) took 60-190 ms to build on a loaded pump.
 PULL_FIRST_MESSAGE_BYTES = 128 << 10
+# A stream that has caught up reads what each durable group added on the event loop itself,
+# up to about this many bytes: a hop to a worker thread and back costs more CPU than reading a
+# few transactions, and it happens for every group and every puller. A read that finds more
+# (the stream fell behind, or a transaction larger than this or of several parts) stops there
+# and is continued in a worker thread, so the loop never reads much at once.
+PULL_INLINE_BYTES = 64 << 10
 
 
 class LiveFeed:
@@ -151,17 +157,24 @@ class PumpService(pbg.PumpServicer):
             reader.packed = request.packed_meta
             last_sent_wm = -1
             size = PULL_FIRST_MESSAGE_BYTES
+            live = False     # the last read reached the watermark: see PULL_INLINE_BYTES
             while True:
                 changed.clear()
-                chunk = await asyncio.to_thread(reader.next_chunk, size)
+                if live:
+                    chunk = reader.next_chunk(PULL_INLINE_BYTES, inline=True)
+                else:
+                    chunk = await asyncio.to_thread(reader.next_chunk, size)
                 if chunk.count or chunk.covered > last_sent_wm:
                     yield chunk.frames + chunk.txns + wire.tail(chunk.covered)
                     last_sent_wm = chunk.covered
                     size = min(size * 2, PULL_MESSAGE_BYTES)
-                if chunk.exhausted:
+                live = chunk.exhausted
+                if live:
                     try:
-                        await asyncio.wait_for(changed.wait(), timeout=1.0)
-                    except asyncio.TimeoutError:
+                        # asyncio.timeout, not wait_for: no task per wait (one per group).
+                        async with asyncio.timeout(1.0):
+                            await changed.wait()
+                    except TimeoutError:
                         pass
         finally:
             if reader is not None:

@@ -263,10 +263,8 @@ class Committer:
                 if r.kind == Kind.EPOCH:
                     r.result = stager.stage_epoch(st, grp, *r.arg)
                 else:
-                    payloads = r.payloads
-                    assert payloads is not None
-                    for i, payload in enumerate(payloads):
-                        stager.stage(st, grp, i, payload, r.from_client)
+                    assert r.payloads is not None
+                    stager.stage_all(st, grp, r.payloads, r.from_client)
             except SluiceError as e:
                 r.error = e
                 continue

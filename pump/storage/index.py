@@ -162,8 +162,10 @@ def _segments(value: bytes, pos: int) -> frozenset[int]:
 
 def unresolved_val(part_count: int, wall_ms: int, tables: tuple[int, ...], producer_id: str
                    ) -> bytes:
-    return (_U_HEAD.pack(part_count, wall_ms, len(tables))
-            + b"".join(_Q.pack(t) for t in tables) + producer_id.encode())
+    head = _U_HEAD.pack(part_count, wall_ms, len(tables))
+    if not tables:   # nearly every prewrite: one per transaction on the write path
+        return head + producer_id.encode()
+    return head + b"".join(_Q.pack(t) for t in tables) + producer_id.encode()
 
 
 def parse_unresolved(value: bytes) -> tuple[int, int, tuple[int, ...], str]:

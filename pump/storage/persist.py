@@ -9,6 +9,7 @@ from sluice.core import failpoint
 from . import index as ix
 from .gc import SegmentSummary
 from .records import PartLoc, Stage, SchemaPin
+from .sorter import Pending
 from .state import StoreState
 
 
@@ -37,56 +38,65 @@ def persist(state: StoreState, grp: Stage) -> int:
     touched: dict[int, SegmentSummary] = {}
     part_segs: dict[int, set[int]] = {}
     part_locs: dict[int, PartLoc] = {}      # by start_ts: a prewrite record of this group
-    commit_of = {c.record: c.pending for c in grp.commits}
-    meta, records = grp.meta, grp.records
+    # The per-record loop below runs for every binlog: the records are plain tuples
+    # (records.py) unpacked in place, and the summary of the segment being written is cached.
+    commit_of = {c[3]: c[2] for c in grp.commits}
     cpack = ix.commit_val_pack
-    for j, loc in enumerate(locs):
-        key, h, aux, ts, part_of = meta[j]
-        seg = loc.segment
-        length = len(records[j])
+    sm_seg, sm = -1, SegmentSummary()
+    for j, (loc, (key, h, aux, ts, part_of), payload) in enumerate(
+            zip(locs, grp.meta, grp.records)):
+        seg, off = loc.segment, loc.offset
+        length = len(payload)
         p = commit_of.get(j) if aux else None
         if p is not None and p.part_count == 1:
             ploc = part_locs.get(aux) or p.loc
             if ploc is not None:
-                put(key, cpack(seg, loc.offset, length, h, aux, *ploc))
+                put(key, cpack(seg, off, length, h, aux, *ploc))
             else:
-                put(key, pack(seg, loc.offset, length, h, aux))
+                put(key, pack(seg, off, length, h, aux))
         else:
-            put(key, pack(seg, loc.offset, length, h, aux))
-        sm = touched.get(seg)
-        if sm is None:
-            sm = touched[seg] = summaries.get(seg) or SegmentSummary()
+            put(key, pack(seg, off, length, h, aux))
+        if seg != sm_seg:
+            sm_seg = seg
+            sm = touched.get(seg)
+            if sm is None:
+                sm = touched[seg] = summaries.get(seg) or SegmentSummary()
         if ts > sm.max_ts:
             sm.max_ts = ts
         if part_of:
-            part_segs.setdefault(part_of, set()).add(seg)
-            part_locs[part_of] = PartLoc(seg, loc.offset, length)
+            segs = part_segs.get(part_of)
+            if segs is None:
+                part_segs[part_of] = {seg}
+            else:
+                segs.add(seg)
+            part_locs[part_of] = (seg, off, length)
+    ts_key, t_pack, T, U = ix.ts_key, ix.txn_val_pack, ix.T, ix.U
     for start_ts, t in grp.txn.items():
-        put(ix.ts_key(ix.T, start_ts), ix.txn_val_pack(*t))
+        put(ts_key(T, start_ts), t_pack(*t))
     sorter_pending = state.sorter.pending
     now_wall_ms = int(time.time() * 1000)
+    unresolved_val = ix.unresolved_val
     for start_ts, p in grp.pending.items():
         if p is None:
             if start_ts in sorter_pending:
-                wb.delete(ix.ts_key(ix.U, start_ts))
+                wb.delete(ts_key(U, start_ts))
         elif start_ts not in sorter_pending:
-            put(ix.ts_key(ix.U, start_ts),
-                ix.unresolved_val(p.part_count, now_wall_ms, p.tables, p.producer_id))
+            put(ts_key(U, start_ts),
+                unresolved_val(p.part_count, now_wall_ms, p.tables, p.producer_id))
     schema_updates: dict[int, tuple[SchemaPin, ...]] = {}
     new_pins: list[tuple[int, SchemaPin]] = []
-    for c in grp.commits:
-        p = c.pending
-        segs = set(p.segments)
-        segs.update(part_segs.get(c.start_ts, ()))
+    for start_ts, commit_ts, p, record in grp.commits:
+        in_group = part_segs.get(start_ts)
+        segs = p.segments.union(in_group) if in_group else p.segments
         for seg in segs:
             sm = touched.get(seg)
             if sm is None:
                 sm = touched[seg] = summaries.get(seg) or SegmentSummary()
-            if c.commit_ts > sm.max_need_ts:
-                sm.max_need_ts = c.commit_ts
+            if commit_ts > sm.max_need_ts:
+                sm.max_need_ts = commit_ts
         if p.tables:
-            segs.add(locs[c.record].segment)
-            pin = SchemaPin(c.commit_ts, frozenset(segs))
+            segs = segs | {locs[record].segment}
+            pin = SchemaPin(commit_ts, frozenset(segs))
             for table in p.tables:
                 cur = schema_updates.get(table) or state.schema.get(table, ())
                 schema_updates[table] = tuple(sorted((*cur, pin)))
@@ -117,8 +127,10 @@ def persist(state: StoreState, grp: Stage) -> int:
         else:
             segs = part_segs.get(start_ts)
             if segs:
-                p = p._replace(segments=p.segments | segs,
-                               loc=part_locs[start_ts] if p.part_count == 1 else None)
+                # Built directly, not by `_replace` (once per prewrite: see records.py).
+                start_ts, part_count, parts, producer_id, since, old, tables, _ = p
+                p = Pending(start_ts, part_count, parts, producer_id, since, old.union(segs),
+                            tables, part_locs[start_ts] if part_count == 1 else None)
             sorter.put(p)
     sorter.observe(max_ts)
     state.served = sorter.advance()

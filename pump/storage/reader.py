@@ -46,6 +46,7 @@ from .vlog import HEADER, HEADER_SIZE, MAGIC, Location, ValueLog
 
 WINDOW = 1 << 20          # bytes per sequential value-log read
 _COMMIT = pb.COMMIT
+_FAKE = pb.FAKE
 _PREWRITE = pb.PREWRITE
 _E_KEY = struct.Struct(">cQBI")
 _crc = google_crc32c.value
@@ -61,6 +62,15 @@ class Chunk(NamedTuple):
 
 _POSITION_TAG = 0x4A      # Binlog.position: field 9, length-delimited
 _from_string = pb.Binlog.FromString
+
+
+def _heavy(key: bytes, val: bytes, limit: int) -> bool:
+    """Whether an `e` entry's transaction is more than an inline read takes: anything but a
+    single-part transaction of at most `limit` bytes or a FAKE of at most `limit` bytes."""
+    if len(val) == ix.COMMIT_VAL_SIZE:
+        _, _, length, _, _, _, _, plen = ix.commit_val_unpack(val)
+        return length + plen > limit
+    return key[9] != _FAKE or ix.entry_val_unpack(val)[2] > limit
 
 
 class CommitReader:
@@ -82,15 +92,21 @@ class CommitReader:
         self.packed = False   # describe entries by packed arrays (PullBinlogsReq.packed_meta)
         self._gen: Iterator[tuple[tuple[bytes, ...], int, bool]] | None = None
         self._max_bytes = 0   # of the chunk being built (next_chunk sets it)
+        self._inline = False  # the chunk being built is read on the event loop (next_chunk)
         self._opened_at = after
         self._done = False
         # two read windows: (segment, file offset of buf[0], buf)
         self._w0: tuple[int, int, bytes] = (-1, 0, b"")
         self._w1: tuple[int, int, bytes] = (-1, 0, b"")
 
-    def next_chunk(self, max_bytes: int) -> Chunk:
-        """Up to about max_bytes of payloads (at least one binlog when any is ready)."""
+    def next_chunk(self, max_bytes: int, inline: bool = False) -> Chunk:
+        """Up to about max_bytes of payloads (at least one binlog when any is ready).
+
+        `inline`: the caller reads on its event loop, so the chunk stops (not exhausted, maybe
+        empty) before a transaction that is not a single-part one of at most max_bytes, or a
+        small FAKE: the caller reads that one with the next call, from a worker thread."""
         self._max_bytes = max_bytes
+        self._inline = inline
         if self._gen is None:
             if self._done:
                 return Chunk(b"", 0, self.after, True)
@@ -174,7 +190,23 @@ class CommitReader:
         tag = _POSITION_TAG
         wseg, wstart, wbuf = self._w0
         wlen = len(wbuf)
+        inline = self._inline
         for key, val in entries:
+            if inline and _heavy(key, val, max_bytes):
+                # Too much to read on the event loop: hand back what is built (whole
+                # transactions only, as at any chunk boundary) and go on with this entry when
+                # called next.
+                yield (parts, (([wire.packed_meta(cts, sts, ends, fakes, positioned)] if packed
+                                else metas) if whole else []), count, covered, False)
+                max_bytes = self._max_bytes
+                inline = self._inline
+                parts = []
+                append = parts.append
+                metas = []
+                mappend = metas.append
+                cts, sts, ends, fakes, positioned = [], [], [], [], []
+                whole = True
+                size = count = end = 0
             if len(val) == commit_size:
                 seg, off, length, _, start_ts, pseg, poff, plen = unpack_commit(val)
                 p = poff - wstart
@@ -251,6 +283,7 @@ class CommitReader:
                     elif size >= max_bytes:   # a huge transaction: split, not yet covered
                         yield parts, [], count, covered, False
                         max_bytes = self._max_bytes   # the caller may ask more now
+                        inline = self._inline
                         parts = []
                         append = parts.append
                         del metas[:]
@@ -263,6 +296,7 @@ class CommitReader:
                 yield (parts, (([wire.packed_meta(cts, sts, ends, fakes, positioned)] if packed
                                 else metas) if whole else []), count, covered, False)
                 max_bytes = self._max_bytes
+                inline = self._inline
                 parts = []
                 append = parts.append
                 metas = []

@@ -91,6 +91,14 @@ def schema_tables(prewrite_value: bytes) -> tuple[int, ...]:
         pv = pb.PrewriteValue.FromString(prewrite_value)
     except (IndexError, ValueError, DecodeError):
         return ()
+    return value_tables(pv)
+
+
+def value_tables(pv: pb.PrewriteValue) -> tuple[int, ...]:
+    """Table ids whose schema a decoded PrewriteValue declares (the admission check decodes
+    every new prewrite's value already: the stager reads them from that)."""
+    if not pv.HasField("ddl") and not pv.schema_snapshots:
+        return ()
     tables: list[int] = []
     if pv.HasField("ddl"):
         tid = pv.ddl.table_id or pv.ddl.table_info.table_id

@@ -10,8 +10,8 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import google_crc32c
 from google.protobuf.message import DecodeError
@@ -21,8 +21,8 @@ from sluice.core.errors import (AlreadyExists, FailedPrecondition, InvalidArgume
 from sluice.proto import sluice_pb2 as pb
 
 from . import index as ix
-from .records import NO_PRODUCER, ProducerRecord, RecordMeta, Stage, StagedCommit, TxnRecord
-from .schema import multipart_schema_tables, schema_tables
+from .records import NO_PRODUCER, ProducerRecord, Stage, TxnRecord
+from .schema import multipart_schema_tables, schema_tables, value_tables
 from .sorter import Pending, check_commit, check_part
 from .state import StoreState
 from .valuecheck import check_multipart_value
@@ -36,6 +36,7 @@ _PREWRITE, _COMMIT, _ROLLBACK, _FAKE = pb.PREWRITE, pb.COMMIT, pb.ROLLBACK, pb.F
 _COMMITTED, _ROLLED_BACK = pb.TXN_COMMITTED, pb.TXN_ROLLED_BACK
 _HASH = struct.Struct(">II")
 _crc32c = google_crc32c.value
+_from_string = pb.Binlog.FromString
 
 # (read(offset, n), length) of one part's serialized Binlog
 PartReader = tuple[Callable[[int, int], bytes], int]
@@ -48,8 +49,9 @@ class Admission(Protocol):
     def check(self, producer_id: str) -> None:
         """Raise (InvalidArgument) unless prewrites of this producer can be resolved later."""
 
-    def check_value(self, value: bytes) -> None:
-        """Raise (InvalidArgument) unless a whole prewrite value decodes."""
+    def check_value(self, value: bytes) -> pb.PrewriteValue:
+        """Raise (InvalidArgument) unless a whole prewrite value decodes; returns it decoded
+        (the stager reads its schema declarations from it instead of walking it again)."""
 
 
 def content_hash(payload: bytes, crc: int) -> bytes:
@@ -57,18 +59,10 @@ def content_hash(payload: bytes, crc: int) -> bytes:
     CRC-32 side by side, 64 bits. It only ever compares two binlogs under the same key, where a
     collision needs a retry with different content that matches both; a cryptographic hash
     would cost more than the rest of the write path."""
-    return _HASH.pack(crc, zlib.crc32(payload))
+    return _HASH.pack(crc, _zcrc(payload))
 
 
-class _In(NamedTuple):
-    """One binlog being staged, decoded, with its checksum and content hash."""
-
-    i: int              # its index in the request (error messages name it)
-    b: pb.Binlog
-    payload: bytes
-    crc: int
-    h: bytes
-    from_client: bool
+_zcrc = zlib.crc32
 
 
 class Stager:
@@ -102,7 +96,7 @@ class Stager:
         if t is not None:
             return t
         raw = self.state.db.get(ix.ts_key(ix.T, start_ts))
-        return None if raw is None else TxnRecord(*ix.txn_val_unpack(raw))
+        return None if raw is None else ix.txn_val_unpack(raw)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -111,37 +105,57 @@ class Stager:
         if epoch < rec.epoch:
             raise StaleEpoch(f"producer {pid}: epoch {epoch} < recorded epoch {rec.epoch}")
         if epoch > rec.epoch:
-            rec = rec._replace(epoch=epoch)
+            rec = ProducerRecord(epoch, rec.position, rec.snapshot)
             st.producers[pid] = rec
         return rec
 
     def stage(self, st: Stage, grp: Stage, i: int, payload: bytes,
               from_client: bool = False) -> None:
         """Validate binlog `i` of a request and stage it into `st` (raises: nothing staged)."""
-        try:
-            b = pb.Binlog.FromString(payload)
-        except DecodeError as e:
-            raise InvalidArgument(f"binlog {i}: malformed Binlog payload: {e}") from None
-        pid = b.producer_id
-        if pid:
-            rec = self.producer(st, grp, pid)
-            if b.producer_epoch < rec.epoch:
-                raise StaleEpoch(f"binlog {i}: producer {pid} epoch {b.producer_epoch} < "
-                                 f"recorded epoch {rec.epoch}")
-            if b.producer_epoch > rec.epoch:
-                st.producers[pid] = rec._replace(epoch=b.producer_epoch)
-        if b.start_ts <= 0:
-            raise InvalidArgument(f"binlog {i}: start_ts {b.start_ts} must be > 0")
-        handler = _HANDLERS.get(b.tp)
-        if handler is None:
-            raise InvalidArgument(f"binlog {i}: unknown binlog type {b.tp}")
-        crc = _crc32c(payload)
-        handler(self, st, grp, _In(i, b, payload, crc, content_hash(payload, crc), from_client))
+        self.stage_all(st, grp, (payload,), from_client, i)
 
-    # -- one handler per binlog type -----------------------------------------------------
+    def stage_all(self, st: Stage, grp: Stage, payloads: Sequence[bytes],
+                  from_client: bool = False, first: int = 0) -> None:
+        """Validate the binlogs of a request in order and stage them into `st` (raises at the
+        first bad one, binlog `first + k`: the caller then drops `st` whole).
 
-    def _prewrite(self, st: Stage, grp: Stage, x: _In) -> None:
-        b, i = x.b, x.i
+        The hot loop of the write path (every binlog of every request): lookups are bound
+        once per request and the handlers take plain arguments rather than a record."""
+        producers = self.state.producers
+        st_producers, grp_producers = st.producers, grp.producers
+        from_string = _from_string
+        handlers = _HANDLERS
+        for i, payload in enumerate(payloads, first):
+            try:
+                b = from_string(payload)
+            except DecodeError as e:
+                raise InvalidArgument(f"binlog {i}: malformed Binlog payload: {e}") from None
+            pid = b.producer_id
+            if pid:
+                rec = st_producers.get(pid) or grp_producers.get(pid) or producers.get(pid) \
+                    or NO_PRODUCER
+                epoch = b.producer_epoch
+                if epoch != rec.epoch:
+                    if epoch < rec.epoch:
+                        raise StaleEpoch(f"binlog {i}: producer {pid} epoch {epoch} < "
+                                         f"recorded epoch {rec.epoch}")
+                    st_producers[pid] = ProducerRecord(epoch, rec.position, rec.snapshot)
+            if b.start_ts <= 0:
+                raise InvalidArgument(f"binlog {i}: start_ts {b.start_ts} must be > 0")
+            handler = handlers.get(b.tp)
+            if handler is None:
+                raise InvalidArgument(f"binlog {i}: unknown binlog type {b.tp}")
+            crc = _crc32c(payload)
+            # content_hash, inlined: this runs for every binlog.
+            handler(self, st, grp, i, b, payload, crc, _HASH.pack(crc, _zcrc(payload)),
+                    from_client)
+
+    # -- one handler per binlog type -------------------------------------------------------
+    # Each takes (binlog index in its request, decoded binlog, payload, CRC32C, content hash,
+    # whether a client sent it), raises (nothing staged) or stages it into `st`.
+
+    def _prewrite(self, st: Stage, grp: Stage, i: int, b: pb.Binlog, payload: bytes, crc: int,
+                  h: bytes, from_client: bool) -> None:
         start_ts, pid = b.start_ts, b.producer_id
         part_count = b.part_count or 1
         part_no = b.part_no
@@ -156,7 +170,7 @@ class Stager:
         if p is None or p.parts >> part_no & 1:
             old = self._key_hash(st, grp, key)
             if old is not None:
-                if old == x.h:
+                if old == h:
                     return
                 raise AlreadyExists(f"binlog {i}: a different prewrite (part {part_no}) is "
                                     f"already stored under start_ts={start_ts}")
@@ -165,22 +179,27 @@ class Stager:
             if t is not None:
                 raise AlreadyExists(
                     f"binlog {i}: start_ts={start_ts} is already "
-                    f"{'committed' if t.state == _COMMITTED else 'rolled back'}; a new prewrite "
+                    f"{'committed' if t[0] == _COMMITTED else 'rolled back'}; a new prewrite "
                     "part cannot be added")
         adm = self.admission
         if p is None:
             if adm is not None:
                 _admit(adm, i, start_ts, pid)
-                if part_count == 1:
-                    _admit_value(adm, i, start_ts, b.prewrite_value)
             # A multi-part prewrite's schema is found once all its parts are there (commit).
-            tables = schema_tables(b.prewrite_value) if part_count == 1 else ()
-            p = Pending(start_ts, part_count, 0, pid, time.monotonic(), frozenset(), tables)
+            # With admission the value is decoded anyway: its schema is read from that.
+            if part_count > 1:
+                tables: tuple[int, ...] = ()
+            elif adm is not None:
+                tables = value_tables(_admit_value(adm, i, start_ts, b.prewrite_value))
+            else:
+                tables = schema_tables(b.prewrite_value)
+            p = Pending(start_ts, part_count, 1 << part_no, pid, time.monotonic(), frozenset(),
+                        tables)
         else:
             check_part(p, start_ts, part_no, part_count)
-        p = p.with_part(part_no)
+            p = p.with_part(part_no)
         st.pending[start_ts] = p
-        st.add(x.payload, x.crc, RecordMeta(key, x.h, 0, start_ts, start_ts))
+        st.add(payload, crc, (key, h, 0, start_ts, start_ts))
         if adm is not None and part_count > 1 and p.complete:
             # The parts add up only now: the whole value must decode before the last part
             # is acknowledged (the commit could never be read otherwise). Streamed over the
@@ -192,8 +211,8 @@ class Stager:
                     f"binlog {i}: prewrite start_ts={start_ts}: prewrite_value of its "
                     f"{part_count} parts joined is not a valid PrewriteValue: {e}") from None
 
-    def _commit(self, st: Stage, grp: Stage, x: _In) -> None:
-        b, i = x.b, x.i
+    def _commit(self, st: Stage, grp: Stage, i: int, b: pb.Binlog, payload: bytes, crc: int,
+                h: bytes, from_client: bool) -> None:
         start_ts = b.start_ts
         commit_ts = b.commit_ts
         if commit_ts <= start_ts:
@@ -203,11 +222,12 @@ class Stager:
         if p is None:
             t = self._txn(st, grp, start_ts)
             if t is not None:
-                if t.state == _COMMITTED and t.commit_ts == commit_ts:
+                state, t_commit_ts = t[0], t[1]
+                if state == _COMMITTED and t_commit_ts == commit_ts:
                     return  # the same decision again (a retry, or the pump's own resolve)
                 raise AlreadyExists(
                     f"binlog {i}: start_ts={start_ts} is already "
-                    + (f"committed with commit_ts={t.commit_ts}" if t.state == _COMMITTED
+                    + (f"committed with commit_ts={t_commit_ts}" if state == _COMMITTED
                        else "rolled back"))
         # Only a ts at or below the highest one stored can collide: skip the lookup otherwise.
         if commit_ts <= max(self.state.sorter.max_ts, grp.max_ts, st.max_ts) and \
@@ -220,8 +240,8 @@ class Stager:
             p = p._replace(tables=multipart_schema_tables(
                 self.multipart_parts(st, grp, start_ts, p.part_count)))
         st.pending[start_ts] = None
-        st.txn[start_ts] = TxnRecord(_COMMITTED, commit_ts, x.h)
-        st.commits.append(StagedCommit(start_ts, commit_ts, p, len(st.records)))
+        st.txn[start_ts] = (_COMMITTED, commit_ts, h)
+        st.commits.append((start_ts, commit_ts, p, len(st.records)))
         if commit_ts > st.max_ts:
             st.max_ts = commit_ts
         pid = b.producer_id
@@ -231,10 +251,11 @@ class Stager:
                 rec.epoch,
                 b.position.SerializeToString() if b.HasField("position") else rec.position,
                 b.snapshot.SerializeToString() if b.HasField("snapshot") else rec.snapshot)
-        st.add(x.payload, x.crc, RecordMeta(key, x.h, start_ts, commit_ts, 0))
+        st.add(payload, crc, (key, h, start_ts, commit_ts, 0))
 
-    def _rollback(self, st: Stage, grp: Stage, x: _In) -> None:
-        i, start_ts = x.i, x.b.start_ts
+    def _rollback(self, st: Stage, grp: Stage, i: int, b: pb.Binlog, payload: bytes, crc: int,
+                  h: bytes, from_client: bool) -> None:
+        start_ts = b.start_ts
         key = ix.entry_key_pack(ix.S, start_ts, _ROLLBACK, 0)
         p = self._pending(st, grp, start_ts)
         if p is None:
@@ -242,20 +263,21 @@ class Stager:
             if t is None:
                 raise FailedPrecondition(f"binlog {i}: rollback for start_ts={start_ts} "
                                          "without its prewrite")
-            if t.state == _ROLLED_BACK:
+            if t[0] == _ROLLED_BACK:
                 return
             raise AlreadyExists(f"binlog {i}: start_ts={start_ts} is already committed "
-                                f"with commit_ts={t.commit_ts}")
+                                f"with commit_ts={t[1]}")
         st.pending[start_ts] = None
-        st.txn[start_ts] = TxnRecord(_ROLLED_BACK, 0, x.h)
-        st.add(x.payload, x.crc, RecordMeta(key, x.h, 0, start_ts, 0))
+        st.txn[start_ts] = (_ROLLED_BACK, 0, h)
+        st.add(payload, crc, (key, h, 0, start_ts, 0))
 
-    def _fake(self, st: Stage, grp: Stage, x: _In) -> None:
-        i, start_ts = x.i, x.b.start_ts
-        if x.from_client:
+    def _fake(self, st: Stage, grp: Stage, i: int, b: pb.Binlog, payload: bytes, crc: int,
+              h: bytes, from_client: bool) -> None:
+        start_ts = b.start_ts
+        if from_client:
             raise InvalidArgument(f"binlog {i}: fake binlogs are written by the pump itself "
                                   "(heartbeats at fresh TSO timestamps), not by clients")
-        ts = x.b.commit_ts
+        ts = b.commit_ts
         if ts != start_ts:
             raise InvalidArgument(f"binlog {i}: fake binlog needs start_ts == commit_ts "
                                   f"(got {start_ts} and {ts})")
@@ -267,7 +289,7 @@ class Stager:
                                      f"{self.state.served}")
         if ts > st.max_ts:
             st.max_ts = ts
-        st.add(x.payload, x.crc, RecordMeta(key, x.h, 0, ts, 0))
+        st.add(payload, crc, (key, h, 0, ts, 0))
 
     # -- multi-part prewrites: the parts, wherever they are --------------------------------
 
@@ -293,7 +315,7 @@ class Stager:
         return parts
 
 
-_Handler = Callable[[Stager, Stage, Stage, _In], None]
+_Handler = Callable[[Stager, Stage, Stage, int, pb.Binlog, bytes, int, bytes, bool], None]
 _HANDLERS: dict[int, _Handler] = {
     _PREWRITE: Stager._prewrite,
     _COMMIT: Stager._commit,
@@ -314,8 +336,8 @@ def _admit(adm: Admission, i: int, start_ts: int, pid: str) -> None:
                               e.producer_id) from None
 
 
-def _admit_value(adm: Admission, i: int, start_ts: int, value: bytes) -> None:
+def _admit_value(adm: Admission, i: int, start_ts: int, value: bytes) -> pb.PrewriteValue:
     try:
-        adm.check_value(value)
+        return adm.check_value(value)
     except SluiceError as e:
         raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: {e}") from None

@@ -168,3 +168,38 @@ def test_packed_metadata_describes_every_binlog_of_a_chunk_or_none(tmp_path: Pat
             assert described + undescribed == len(reference(st, 0))
             if max_bytes == 1 << 20:
                 assert undescribed == 0
+
+
+
+def test_an_inline_read_stops_before_what_the_event_loop_must_not_read(tmp_path: Path) -> None:
+    """An inline chunk (read on the service's event loop) holds only single-part transactions
+    and FAKEs of at most max_bytes; it stops, not exhausted, before anything else (a bigger
+    transaction, a multi-part one), and the next (worker-thread) read goes on from there: the
+    stream is the one plain reads give, and every `covered` names only whole transactions."""
+    with Storage.open(tmp_path, StorageOptions(segment_size=1500)) as st:
+        _mixed(st)
+        st.write_blocking([pw(40, b"z" * 2000), cm(40, 41), pw(42, b"s" * 10), cm(42, 43)])
+        want = reference(st, 0)
+        ends = [b.commit_ts for b in (pb.Binlog.FromString(p) for _, p in st.iter_committed(0))
+                if b.tp in (pb.COMMIT, pb.FAKE)]
+        for inline_max in (1, 500, 1 << 20):
+            reader = st.open_reader(0)
+            got: list[pb.Binlog] = []
+            stops = 0
+            inline = True
+            while True:
+                chunk = reader.next_chunk(inline_max if inline else 1 << 20, inline=inline)
+                binlogs = decode_chunk(chunk.frames)
+                assert len(binlogs) == chunk.count
+                if inline:
+                    assert all(b.part_count <= 1 and b.ByteSize() <= inline_max for b in binlogs)
+                    stops += not chunk.exhausted
+                got += binlogs
+                sent = {b.commit_ts for b in got if b.tp in (pb.COMMIT, pb.FAKE)}
+                assert all(ts in sent for ts in ends if ts <= chunk.covered)
+                if chunk.exhausted:
+                    break
+                inline = not inline
+            assert [(b.tp, b.start_ts, b.part_no) for b in got] == want
+            # 1 byte: every inline read stops at once; 1 MiB: before the 3-part transaction.
+            assert stops > 0
