@@ -17,6 +17,7 @@ import asyncio
 import datetime
 import os
 import statistics
+import shutil
 import sys
 import tempfile
 import threading
@@ -251,6 +252,7 @@ def main() -> int:
         cluster.stop()
         redis.stop()
         etcd.stop()
+        shutil.rmtree(work, ignore_errors=True)   # pump data, etcd, redis: hundreds of MB a run
     today = datetime.date.today().isoformat()
     machine = f"{os.cpu_count()} cores"
     rows = [] if args.skip_redis else [
