@@ -215,7 +215,8 @@ class Capture(Streaming):
             value = pb.PrewriteValue(schema_snapshots=infos, source=pb.SourceInfo(
                 name=c.source.resolved_name(), server_id=facts.server_id,
                 ts_ms=int(time.time() * 1000)))
-            await self.writer.write_items([(value, at, encode(state) if state else None)])
+            await self.writer.write_items([(value.SerializeToString(), at,
+                                            encode(state) if state else None)])
             last = at
             log.info("declared %d table(s) in a schema-snapshot transaction at %s",
                      len(infos), format_position(at),

@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+from sluice.capture.payload import change_count
 from sluice.capture.reader import BinlogReader, SourceDisconnected, SourceTxn
 from sluice.capture.snapshot.progress import decode
 from sluice.capture.snapshot.signals import InvalidSignal, parse_etcd_signal
@@ -238,7 +239,7 @@ class Streaming:
             m.group_seconds.observe(time.monotonic() - t0)
             m.groups.inc()
             m.txns.inc(len(group))
-            m.rows.inc(sum(len(mu.changes) for t in group for mu in t.mutations))
+            m.rows.inc(sum(change_count(mu) for t in group for mu in t.mutations))
             m.lag.set(self.lag_s())
 
     async def _publish_progress(self) -> None:
