@@ -37,6 +37,7 @@ import platform
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -133,8 +134,35 @@ runpy.run_module("sluice.ctl.main", run_name="__main__")
 """
 
 
+def spy_table(path: Path, top: int = 14) -> str:
+    """py-spy raw (collapsed) stacks -> markdown: the top frames by self and by inclusive share."""
+    selfs: dict[str, int] = {}
+    totals: dict[str, int] = {}
+    n = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        c = int(count)
+        frames = [f.strip() for f in stack.split(";") if f.strip()]
+        n += c
+        selfs[frames[-1]] = selfs.get(frames[-1], 0) + c
+        for f in set(frames):
+            totals[f] = totals.get(f, 0) + c
+    if not n:
+        return "(no samples)"
+    rows = [f"{n} GIL samples", "", "| frame (self time) | self | total |", "|---|---:|---:|"]
+    for f, c in sorted(selfs.items(), key=lambda kv: -kv[1])[:top]:
+        rows.append(f"| `{f}` | {100 * c / n:.1f}% | {100 * totals[f] / n:.1f}% |")
+    rows += ["", "| frame (inclusive) | total |", "|---|---:|"]
+    for f, c in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+        rows.append(f"| `{f}` | {100 * c / n:.1f}% |")
+    return "\n".join(rows)
+
+
 def run_end_to_end(cluster, server_port: int, password: str, start: str, txns: int,  # type: ignore[no-untyped-def]
-                   producer: str, tree: Path | None = None) -> tuple[float, float]:
+                   producer: str, tree: Path | None = None, profile: Path | None = None
+                   ) -> tuple[float, float]:
     """(seconds from the capture's `connected` to `txns` source transactions committed, the
     capture process's CPU seconds over the catch-up). The CPU window opens at the last metrics
     poll (every 20 ms) that still showed 0 transactions committed, so start-up (imports,
@@ -155,6 +183,13 @@ def run_end_to_end(cluster, server_port: int, password: str, start: str, txns: i
         here = str(Path(__file__).resolve().parents[1])
         argv = [PYTHON, "-c", _TREE_LAUNCHER, here, str(tree.resolve()), *argv[3:]]
     proc = Proc(producer, argv, cluster.workdir / f"{producer}.log").start()
+    spy = None
+    if profile is not None:
+        # py-spy samples the GIL holder only (--gil): the capture's own Python CPU.
+        spy = Proc(f"{producer}-py-spy", [str(Path(PYTHON).parent / "py-spy"), "record", "--pid",
+                                           str(proc.pid), "--gil", "--nonblocking", "--rate", "200",
+                                           "--format", "raw", "--output", str(profile)],
+                   cluster.workdir / f"{producer}-py-spy.log").start()
     cpu0: float | None = None
     pattern = re.compile(r"^sluice_capture_transactions_total (\S+)$", re.M)
     try:
@@ -182,6 +217,14 @@ def run_end_to_end(cluster, server_port: int, password: str, start: str, txns: i
             time.sleep(0.02)
         raise RuntimeError("end-to-end run did not finish in 120 s")
     finally:
+        if spy is not None:
+            spy.signal(2)     # SIGINT: py-spy writes its output and exits
+            assert spy.popen is not None
+            try:
+                spy.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            spy.stop()
         proc.stop()
 
 
@@ -196,9 +239,13 @@ def main() -> None:
     ap.add_argument("--no-end-to-end", action="store_true")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one native decode-only run (cProfile) and print its top frames")
-    ap.add_argument("--baseline-tree", type=Path,
+    ap.add_argument("--baseline-tree", type=Path, action="append", default=[],
                     help="end to end: also run the capture from this checkout (e.g. `git archive` of "
-                         "the baseline commit), alternating with this one in every repeat")
+                         "the baseline commit), alternating with this one in every repeat; "
+                         "repeatable (intermediate steps), the first is the baseline")
+    ap.add_argument("--profile-e2e", type=Path,
+                    help="py-spy (GIL samples, raw collapsed stacks) of this checkout's capture in the "
+                         "last end-to-end repeat, written to this file")
     ap.add_argument("--e2e-only", action="store_true",
                     help="skip the decode-only runs (count transactions with one native run)")
     ap.add_argument("--sysbench-txns", type=int, default=0,
@@ -245,7 +292,7 @@ def main() -> None:
                 cluster.wait_pump_writable(cluster.pumps[p])
         base, ours, old = [], [], []
         e2e: list[tuple[float, float]] = []
-        e2e_base: list[tuple[float, float]] = []
+        e2e_trees: list[list[tuple[float, float]]] = [[] for _ in a.baseline_tree]
         loads: list[float] = []
         if a.e2e_only:
             events, _, _ = run_baseline(settings, start)
@@ -260,13 +307,15 @@ def main() -> None:
                 ours.append((ot, oc))
             if cluster is not None:
                 # Alternating, close together: the machine is shared.
-                if a.baseline_tree is not None:
+                k = len(a.baseline_tree) + 1
+                for j, tree in enumerate(a.baseline_tree):
                     loads.append(os.getloadavg()[0])
-                    e2e_base.append(run_end_to_end(cluster, port, password, start, txns,
-                                                   f"bench-cap-{2 * i}", a.baseline_tree))
+                    e2e_trees[j].append(run_end_to_end(cluster, port, password, start, txns,
+                                                       f"bench-cap-{k * i + j}", tree))
                 loads.append(os.getloadavg()[0])
                 e2e.append(run_end_to_end(cluster, port, password, start, txns,
-                                          f"bench-cap-{2 * i + 1}"))
+                                          f"bench-cap-{k * i + k - 1}",
+                                          profile=a.profile_e2e if i == a.repeat - 1 else None))
         pick = statistics.median if a.median else min
         stat = f"median of {a.repeat}" if a.median else f"best of {a.repeat}"
         if a.e2e_only:
@@ -275,15 +324,20 @@ def main() -> None:
             print()
             print("| capture | wall s | txns/s | capture CPU ms per source txn | runs (CPU ms/txn) |")
             print("|---|---|---|---|---|")
-            variants = ([(f"baseline tree {a.baseline_tree}", e2e_base)] if e2e_base else []) \
-                + [("this checkout", e2e)]
+            variants = [(f"{'baseline' if j == 0 else 'step'} tree {tree}", e2e_trees[j])
+                        for j, tree in enumerate(a.baseline_tree)] + [("this checkout", e2e)]
             for name, runs in variants:
                 w, c = pick(w for w, _ in runs), pick(c for _, c in runs)
                 print(f"| {name} | {w:.2f} | {txns / w:,.0f} | {1000 * c / txns:.4f} | "
                       f"{', '.join(f'{1000 * c_ / txns:.4f}' for _, c_ in runs)} |")
-            if e2e_base:
-                cb, co = pick(c for _, c in e2e_base), pick(c for _, c in e2e)
-                print(f"| this checkout vs baseline (CPU) | | | {cb / co:.2f}x less | |")
+            if a.baseline_tree:
+                cb = pick(c for _, c in e2e_trees[0])
+                for name, runs in variants[1:]:
+                    print(f"| {name} vs baseline (CPU) | | | {cb / pick(c for _, c in runs):.2f}x less | |")
+            if a.profile_e2e is not None and a.profile_e2e.exists():
+                print()
+                print(f"py-spy of this checkout's capture, last repeat ({a.profile_e2e}):")
+                print(spy_table(a.profile_e2e))
             print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
                   f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, "
                   f"date {time.strftime('%Y-%m-%d %H:%M')}, {stat}")
