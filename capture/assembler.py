@@ -57,9 +57,13 @@ def parse_gtid_state(text: str) -> dict[int, tuple[int, int]]:
     return out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class SourceTxn:
-    """One source transaction (event group) as read: what becomes one pump transaction."""
+    """One source transaction (event group) as read: what becomes one pump transaction.
+
+    Not changed once built (`dataclasses.replace` makes the altered copies). Not frozen only
+    because a frozen dataclass's __init__ sets each field through object.__setattr__: one made
+    per source transaction, that was ~10 µs of the capture's per-transaction CPU."""
 
     position: pb.Position            # its first event; gtids = GTID state after it
     gtid: str
@@ -87,22 +91,22 @@ class SourceTxn:
                                  self.snapshot is not None)
 
 
-@dataclasses.dataclass
 class _Open:
-    gtid: str
-    domain: int
-    server_id: int
-    seq: int
-    standalone: bool
-    file: str
-    file_seq: int
-    offset: int
-    ts: int
-    mutations: list[Mutation] = dataclasses.field(default_factory=list)
-    snapshots: list[pb.TableInfo] = dataclasses.field(default_factory=list)
-    ddls: list[pb.DDL] = dataclasses.field(default_factory=list)
-    size: int = 0
-    marked: bool = False   # written by a Sluice sink (core/marks.py): dropped whole
+    """The transaction being assembled (a plain slotted class: one is made per transaction)."""
+
+    __slots__ = ("gtid", "domain", "server_id", "seq", "standalone", "file", "file_seq", "offset",
+                 "ts", "mutations", "snapshots", "ddls", "size", "marked")
+
+    def __init__(self, gtid: str, domain: int, server_id: int, seq: int, standalone: bool,
+                 file: str, file_seq: int, offset: int, ts: int) -> None:
+        self.gtid, self.domain, self.server_id, self.seq = gtid, domain, server_id, seq
+        self.standalone, self.file, self.file_seq, self.offset, self.ts = \
+            standalone, file, file_seq, offset, ts
+        self.mutations: list[Mutation] = []
+        self.snapshots: list[pb.TableInfo] = []
+        self.ddls: list[pb.DDL] = []
+        self.size = 0
+        self.marked = False   # written by a Sluice sink (core/marks.py): dropped whole
 
     def where(self) -> str:
         return f"GTID {self.gtid} at {self.file}:{self.offset}"
