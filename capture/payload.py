@@ -23,11 +23,28 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 
 def _int_field(tag: int, n: int) -> bytes:
     """A varint field (int64/uint32/uint64; negative int64 as ten bytes); b"" for 0."""
+    if 0 < n < 0x80:
+        return bytes((tag, n))
     return bytes((tag,)) + varint(n & _U64) if n else b""
 
 
 def _str_field(tag: int, s: str) -> bytes:
     return len_field(tag, s.encode()) if s else b""
+
+
+# Header bytes of a table's mutations and the constant head of the source info: the same for
+# every transaction on that table / from that source (bounded: a shape change adds one).
+_HEADS: dict[tuple[int, str, str, int], bytes] = {}
+_SOURCE_HEADS: dict[tuple[str, int], bytes] = {}
+_FILES: dict[str, bytes] = {}
+_MAX_CACHED = 1 << 14
+
+
+def _cached(cache: dict[Any, bytes], key: Any, value: bytes) -> bytes:
+    if len(cache) >= _MAX_CACHED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 class RowsMutation:
@@ -54,9 +71,14 @@ class RowsMutation:
         self._message = None
 
     def SerializeToString(self) -> bytes:  # noqa: N802 - pb.TableMutation's spelling
-        return b"".join((_int_field(0x08, self.table_id), _str_field(0x12, self.schema_name),
-                         _str_field(0x1A, self.table_name), _int_field(0x20, self.table_version),
-                         *self._parts))
+        key = (self.table_id, self.schema_name, self.table_name, self.table_version)
+        head = _HEADS.get(key)
+        if head is None:
+            head = _cached(_HEADS, key, b"".join((
+                _int_field(0x08, self.table_id), _str_field(0x12, self.schema_name),
+                _str_field(0x1A, self.table_name), _int_field(0x20, self.table_version))))
+        parts = self._parts
+        return head + parts[0] if len(parts) == 1 else head + b"".join(parts)
 
     def ByteSize(self) -> int:  # noqa: N802 - pb.TableMutation's spelling
         return len(self.SerializeToString())
@@ -87,8 +109,14 @@ def change_count(m: Mutation) -> int:
 
 def source_info(name: str, server_id: int, gtid: str, file: str, pos: int, ts_ms: int) -> bytes:
     """pb.SourceInfo's wire bytes."""
-    return b"".join((_str_field(0x0A, name), _int_field(0x10, server_id), _str_field(0x1A, gtid),
-                     _str_field(0x22, file), _int_field(0x28, pos), _int_field(0x30, ts_ms)))
+    head = _SOURCE_HEADS.get((name, server_id))
+    if head is None:
+        head = _cached(_SOURCE_HEADS, (name, server_id),
+                       _str_field(0x0A, name) + _int_field(0x10, server_id))
+    f = _FILES.get(file)
+    if f is None:
+        f = _cached(_FILES, file, _str_field(0x22, file))
+    return b"".join((head, _str_field(0x1A, gtid), f, _int_field(0x28, pos), _int_field(0x30, ts_ms)))
 
 
 def prewrite_payloads(mutations: Sequence[Mutation], schema_snapshots: Sequence[pb.TableInfo],
