@@ -21,6 +21,13 @@ buffers in non-blocking mode, see capture/reader.py) iterated to the binlog's en
 
     .venv/bin/python bench/capture.py [--txns 3000] [--rows-per-txn 5] [--repeat 3] [--port PORT]
                                       [--sysbench-txns N] [--median] [--profile]
+                                      [--e2e-only] [--baseline-tree DIR ...] [--profile-e2e FILE]
+
+The end-to-end runs also report the capture process's CPU per source transaction (/proc, from
+the last metrics poll showing 0 committed to the one showing all committed). `--baseline-tree`
+(repeatable) runs the capture from other checkouts (`git archive <commit> | tar -x -C DIR`)
+through this venv, alternating with this checkout in every repeat: the baseline of the same
+invocation. `--profile-e2e` writes a py-spy profile (GIL samples) of this checkout's last run.
 
 With --sysbench-txns the binlog is sysbench `oltp_write_only` instead (1 table of 10k rows
 prepared first, then N transactions at full speed with 4 threads: per transaction two UPDATEs
