@@ -21,6 +21,13 @@ buffers in non-blocking mode, see capture/reader.py) iterated to the binlog's en
 
     .venv/bin/python bench/capture.py [--txns 3000] [--rows-per-txn 5] [--repeat 3] [--port PORT]
                                       [--sysbench-txns N] [--median] [--profile]
+                                      [--e2e-only] [--baseline-tree DIR ...] [--profile-e2e FILE]
+
+The end-to-end runs also report the capture process's CPU per source transaction (/proc, from
+the last metrics poll showing 0 committed to the one showing all committed). `--baseline-tree`
+(repeatable) runs the capture from other checkouts (`git archive <commit> | tar -x -C DIR`)
+through this venv, alternating with this checkout in every repeat: the baseline of the same
+invocation. `--profile-e2e` writes a py-spy profile (GIL samples) of this checkout's last run.
 
 With --sysbench-txns the binlog is sysbench `oltp_write_only` instead (1 table of 10k rows
 prepared first, then N transactions at full speed with 4 threads: per transaction two UPDATEs
@@ -37,6 +44,7 @@ import platform
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,11 +121,62 @@ def _log_time(text: str, marker: str) -> float | None:
     return None
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# Runs `sluice` with the `sluice.*` packages taken from another checkout (a baseline commit's
+# tree), through this venv's editable-install finder: same interpreter, same native module.
+_TREE_LAUNCHER = """
+import runpy, sys
+import __editable___sluice_0_1_0_finder as f
+here, tree = sys.argv[1], sys.argv[2]
+for k, v in list(f.MAPPING.items()):
+    if v.startswith(here):
+        f.MAPPING[k] = tree + v[len(here):]
+sys.argv = ["sluice", *sys.argv[3:]]
+runpy.run_module("sluice.ctl.main", run_name="__main__")
+"""
+
+
+def spy_table(path: Path, top: int = 14) -> str:
+    """py-spy raw (collapsed) stacks -> markdown: the top frames by self and by inclusive share."""
+    selfs: dict[str, int] = {}
+    totals: dict[str, int] = {}
+    n = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        c = int(count)
+        frames = [f.strip() for f in stack.split(";") if f.strip()]
+        n += c
+        selfs[frames[-1]] = selfs.get(frames[-1], 0) + c
+        for f in set(frames):
+            totals[f] = totals.get(f, 0) + c
+    if not n:
+        return "(no samples)"
+    rows = [f"{n} GIL samples", "", "| frame (self time) | self | total |", "|---|---:|---:|"]
+    for f, c in sorted(selfs.items(), key=lambda kv: -kv[1])[:top]:
+        rows.append(f"| `{f}` | {100 * c / n:.1f}% | {100 * totals[f] / n:.1f}% |")
+    rows += ["", "| frame (inclusive) | total |", "|---|---:|"]
+    for f, c in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+        rows.append(f"| `{f}` | {100 * c / n:.1f}% |")
+    return "\n".join(rows)
+
+
 def run_end_to_end(cluster, server_port: int, password: str, start: str, txns: int,  # type: ignore[no-untyped-def]
-                   producer: str) -> float:
-    """Seconds from the capture's `connected` to `txns` source transactions committed."""
+                   producer: str, tree: Path | None = None, profile: Path | None = None
+                   ) -> tuple[float, float]:
+    """(seconds from the capture's `connected` to `txns` source transactions committed, the
+    capture process's CPU seconds over the catch-up). The CPU window opens at the last metrics
+    poll (every 20 ms) that still showed 0 transactions committed, so start-up (imports,
+    recovery) is outside it, and closes when all `txns` are committed. `tree`: run the capture
+    from that checkout instead of this one (the baseline of the same invocation)."""
     from tests.support.cluster import set_args
-    from tests.support.procs import Proc, free_port, sluice_argv
+    from tests.support.procs import PYTHON, Proc, free_port, sluice_argv
     metrics = f"127.0.0.1:{free_port()}"
     settings = {
         "producer-id": producer, "cluster-id": cluster.cluster_id, "etcd": cluster.etcd,
@@ -126,8 +185,13 @@ def run_end_to_end(cluster, server_port: int, password: str, start: str, txns: i
         "source.password": password, "source.server-id": 9200 + int(producer.rsplit("-", 1)[1]),
         "source.name": producer,
     }
-    proc = Proc(producer, sluice_argv("capture", *set_args(settings)),
-                cluster.workdir / f"{producer}.log").start()
+    argv = sluice_argv("capture", *set_args(settings))
+    if tree is not None:
+        here = str(Path(__file__).resolve().parents[1])
+        argv = [PYTHON, "-c", _TREE_LAUNCHER, here, str(tree.resolve()), *argv[3:]]
+    proc = Proc(producer, argv, cluster.workdir / f"{producer}.log").start()
+    spy = None
+    cpu0: float | None = None
     pattern = re.compile(r"^sluice_capture_transactions_total (\S+)$", re.M)
     try:
         deadline = time.time() + 120
@@ -140,14 +204,37 @@ def run_end_to_end(cluster, server_port: int, password: str, start: str, txns: i
                 time.sleep(0.05)
                 continue
             m = pattern.search(text)
-            if m and float(m.group(1)) >= txns:
-                done = time.time()
+            done_txns = float(m.group(1)) if m else 0.0
+            if done_txns == 0:
+                cpu0 = _cpu_s(proc.pid)
+                if profile is not None and spy is None:
+                    # From the first metrics answer (imports done), the GIL holder only (--gil):
+                    # the capture's own Python CPU over the catch-up.
+                    spy = Proc(f"{producer}-py-spy", [
+                        str(Path(PYTHON).parent / "py-spy"), "record", "--pid", str(proc.pid),
+                        "--gil", "--nonblocking", "--function", "--rate", "200", "--format", "raw",
+                        "--output", str(profile)], cluster.workdir / f"{producer}-py-spy.log").start()
+            if done_txns >= txns:
+                done, cpu1 = time.time(), _cpu_s(proc.pid)
                 t0 = _log_time(proc.log_text(), "capture connected")
                 assert t0 is not None
-                return done - t0
-            time.sleep(0.02)
+                if cpu0 is None:
+                    raise RuntimeError("the capture committed transactions before its metrics "
+                                       "answered: no CPU window")
+                return done - t0, cpu1 - cpu0
+            # Every 20 ms until the CPU window opens, then every 100 ms: each poll costs the
+            # capture a metrics render, which is not per-transaction work.
+            time.sleep(0.02 if done_txns == 0 else 0.1)
         raise RuntimeError("end-to-end run did not finish in 120 s")
     finally:
+        if spy is not None:
+            spy.signal(2)     # SIGINT: py-spy writes its output and exits
+            assert spy.popen is not None
+            try:
+                spy.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            spy.stop()
         proc.stop()
 
 
@@ -162,6 +249,15 @@ def main() -> None:
     ap.add_argument("--no-end-to-end", action="store_true")
     ap.add_argument("--profile", action="store_true",
                     help="also profile one native decode-only run (cProfile) and print its top frames")
+    ap.add_argument("--baseline-tree", type=Path, action="append", default=[],
+                    help="end to end: also run the capture from this checkout (e.g. `git archive` of "
+                         "the baseline commit), alternating with this one in every repeat; "
+                         "repeatable (intermediate steps), the first is the baseline")
+    ap.add_argument("--profile-e2e", type=Path,
+                    help="py-spy (GIL samples, raw collapsed stacks) of this checkout's capture in the "
+                         "last end-to-end repeat, written to this file")
+    ap.add_argument("--e2e-only", action="store_true",
+                    help="skip the decode-only runs (count transactions with one native run)")
     ap.add_argument("--sysbench-txns", type=int, default=0,
                     help="read a sysbench oltp_write_only binlog of this many transactions")
     a = ap.parse_args()
@@ -204,18 +300,58 @@ def main() -> None:
                 cluster.start_pump(p, wait_online=False)
             for p in ("pump-1", "pump-2"):
                 cluster.wait_pump_writable(cluster.pumps[p])
-        base, ours, old, e2e = [], [], [], []
+        base, ours, old = [], [], []
+        e2e: list[tuple[float, float]] = []
+        e2e_trees: list[list[tuple[float, float]]] = [[] for _ in a.baseline_tree]
+        loads: list[float] = []
+        if a.e2e_only:
+            events, _, _ = run_baseline(settings, start)
+            txns, rows, _, _ = run_ours(settings, start)
         for i in range(a.repeat):
-            events, bt, bc = run_baseline(settings, start)
-            base.append((bt, bc))
-            txns, rows, pt, pc = run_ours(settings, start, python_decoder=True)
-            old.append((pt, pc))
-            txns, rows, ot, oc = run_ours(settings, start)
-            ours.append((ot, oc))
+            if not a.e2e_only:
+                events, bt, bc = run_baseline(settings, start)
+                base.append((bt, bc))
+                txns, rows, pt, pc = run_ours(settings, start, python_decoder=True)
+                old.append((pt, pc))
+                txns, rows, ot, oc = run_ours(settings, start)
+                ours.append((ot, oc))
             if cluster is not None:
-                e2e.append(run_end_to_end(cluster, port, password, start, txns, f"bench-cap-{i}"))
+                # Alternating, close together: the machine is shared.
+                k = len(a.baseline_tree) + 1
+                for j, tree in enumerate(a.baseline_tree):
+                    loads.append(os.getloadavg()[0])
+                    e2e_trees[j].append(run_end_to_end(cluster, port, password, start, txns,
+                                                       f"bench-cap-{k * i + j}", tree))
+                loads.append(os.getloadavg()[0])
+                e2e.append(run_end_to_end(cluster, port, password, start, txns,
+                                          f"bench-cap-{k * i + k - 1}",
+                                          profile=a.profile_e2e if i == a.repeat - 1 else None))
         pick = statistics.median if a.median else min
         stat = f"median of {a.repeat}" if a.median else f"best of {a.repeat}"
+        if a.e2e_only:
+            print(f"end to end over {events} events ({txns} txns, {rows} rows), {stat}; load "
+                  f"average at each run's start: {', '.join(f'{x:.1f}' for x in loads)}")
+            print()
+            print("| capture | wall s | txns/s | capture CPU ms per source txn | runs (CPU ms/txn) |")
+            print("|---|---|---|---|---|")
+            variants = [(f"{'baseline' if j == 0 else 'step'} tree {tree}", e2e_trees[j])
+                        for j, tree in enumerate(a.baseline_tree)] + [("this checkout", e2e)]
+            for name, runs in variants:
+                w, c = pick(w for w, _ in runs), pick(c for _, c in runs)
+                print(f"| {name} | {w:.2f} | {txns / w:,.0f} | {1000 * c / txns:.4f} | "
+                      f"{', '.join(f'{1000 * c_ / txns:.4f}' for _, c_ in runs)} |")
+            if a.baseline_tree:
+                cb = pick(c for _, c in e2e_trees[0])
+                for name, runs in variants[1:]:
+                    print(f"| {name} vs baseline (CPU) | | | {cb / pick(c for _, c in runs):.2f}x less | |")
+            if a.profile_e2e is not None and a.profile_e2e.exists():
+                print()
+                print(f"py-spy of this checkout's capture, last repeat ({a.profile_e2e}):")
+                print(spy_table(a.profile_e2e))
+            print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
+                  f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, "
+                  f"date {time.strftime('%Y-%m-%d %H:%M')}, {stat}")
+            return
         bt, pt, ot = (pick(w for w, _ in runs) for runs in (base, old, ours))
         bcpu, pcpu, ocpu = (pick(c for _, c in runs) for runs in (base, old, ours))
         ms = 1000 / txns
@@ -230,10 +366,11 @@ def main() -> None:
               f"{ocpu * ms:.3f} | {bcpu / ocpu:.2f}x |")
         print(f"| native vs old Python decoder | | {pt / ot:.2f}x | | {pcpu / ocpu:.2f}x |")
         if e2e:
-            et = pick(e2e)
+            et, ec = pick(w for w, _ in e2e), pick(c for _, c in e2e)
             print()
             print(f"end to end (capture process -> 2 pumps, all committed): {events / et:,.0f} events/s "
-                  f"({txns / et:,.0f} txns/s), {bt / et:.2f}x the baseline's decode rate")
+                  f"({txns / et:,.0f} txns/s), {bt / et:.2f}x the baseline's decode rate; capture "
+                  f"CPU {1000 * ec / txns:.4f} ms per source txn")
         if a.profile:
             import cProfile
             import pstats

@@ -18,6 +18,7 @@ from pymysqlreplication.constants.BINLOG import TABLE_MAP_EVENT
 from pymysqlreplication.event import FormatDescriptionEvent, QueryEvent, RotateEvent
 
 from sluice.capture.binlog_errors import BinlogProtocolError, UnknownTableId
+from sluice.capture.payload import Mutation, RowsMutation, prewrite_payloads, source_info
 from sluice.capture.schema import SchemaTracker, TableEntry, version_of
 from sluice.capture.types import UndecodableRow
 from sluice.core.log import kv
@@ -56,9 +57,13 @@ def parse_gtid_state(text: str) -> dict[int, tuple[int, int]]:
     return out
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class SourceTxn:
-    """One source transaction (event group) as read: what becomes one pump transaction."""
+    """One source transaction (event group) as read: what becomes one pump transaction.
+
+    Not changed once built (`dataclasses.replace` makes the altered copies). Not frozen only
+    because a frozen dataclass's __init__ sets each field through object.__setattr__: one made
+    per source transaction, that was ~10 µs of the capture's per-transaction CPU."""
 
     position: pb.Position            # its first event; gtids = GTID state after it
     gtid: str
@@ -66,7 +71,7 @@ class SourceTxn:
     ts_ms: int
     file: str
     offset: int
-    mutations: tuple[pb.TableMutation, ...]
+    mutations: tuple[Mutation, ...]   # native rows as wire bytes; snapshot chunks as messages
     schema_snapshots: tuple[pb.TableInfo, ...]
     ddls: tuple[pb.DDL, ...]
     size: int                        # bytes of row events (grouping budget)
@@ -78,37 +83,30 @@ class SourceTxn:
     def empty(self) -> bool:
         return not (self.mutations or self.schema_snapshots or self.ddls)
 
-    def prewrite_values(self, source_name: str) -> list[pb.PrewriteValue]:
-        """The PrewriteValue(s): one, or one per DDL when a statement acts on several tables."""
-        src = pb.SourceInfo(name=source_name, server_id=self.server_id, gtid=self.gtid,
-                            file=self.file, pos=self.offset, ts_ms=self.ts_ms)
-        if len(self.ddls) <= 1:
-            v = pb.PrewriteValue(mutations=self.mutations, schema_snapshots=self.schema_snapshots,
-                                 source=src, snapshot_chunk=self.snapshot is not None)
-            if self.ddls:
-                v.ddl.CopyFrom(self.ddls[0])
-            return [v]
-        out = [pb.PrewriteValue(ddl=d, source=src) for d in self.ddls]
-        out[0].schema_snapshots.extend(self.schema_snapshots)
-        return out
+    def prewrite_values(self, source_name: str) -> list[bytes]:
+        """The serialized PrewriteValue(s): one, or one per DDL when a statement acts on several
+        tables (capture/payload.py builds the wire bytes)."""
+        src = source_info(source_name, self.server_id, self.gtid, self.file, self.offset, self.ts_ms)
+        return prewrite_payloads(self.mutations, self.schema_snapshots, self.ddls, src,
+                                 self.snapshot is not None)
 
 
-@dataclasses.dataclass
 class _Open:
-    gtid: str
-    domain: int
-    server_id: int
-    seq: int
-    standalone: bool
-    file: str
-    file_seq: int
-    offset: int
-    ts: int
-    mutations: list[pb.TableMutation] = dataclasses.field(default_factory=list)
-    snapshots: list[pb.TableInfo] = dataclasses.field(default_factory=list)
-    ddls: list[pb.DDL] = dataclasses.field(default_factory=list)
-    size: int = 0
-    marked: bool = False   # written by a Sluice sink (core/marks.py): dropped whole
+    """The transaction being assembled (a plain slotted class: one is made per transaction)."""
+
+    __slots__ = ("gtid", "domain", "server_id", "seq", "standalone", "file", "file_seq", "offset",
+                 "ts", "mutations", "snapshots", "ddls", "size", "marked")
+
+    def __init__(self, gtid: str, domain: int, server_id: int, seq: int, standalone: bool,
+                 file: str, file_seq: int, offset: int, ts: int) -> None:
+        self.gtid, self.domain, self.server_id, self.seq = gtid, domain, server_id, seq
+        self.standalone, self.file, self.file_seq, self.offset, self.ts = \
+            standalone, file, file_seq, offset, ts
+        self.mutations: list[Mutation] = []
+        self.snapshots: list[pb.TableInfo] = []
+        self.ddls: list[pb.DDL] = []
+        self.size = 0
+        self.marked = False   # written by a Sluice sink (core/marks.py): dropped whole
 
     def where(self) -> str:
         return f"GTID {self.gtid} at {self.file}:{self.offset}"
@@ -287,14 +285,15 @@ class Assembler:
             dec.check_present(ev.present, "inserted" if tp == pb.INSERT else "deleted")
         try:
             # One native call per event: the RowChanges' protobuf bytes, every byte consumed.
-            changes, _ = dec.decode(ev.data, tp, ev.start, ev.end)
+            changes, count = dec.decode(ev.data, tp, ev.start, ev.end)
         except UndecodableRow as e:
             raise UndecodableRow(f"{e} ({self.where()})") from None
         muts = t.mutations
-        if not (muts and muts[-1].table_id == entry.table_id):
-            muts.append(pb.TableMutation(table_id=entry.table_id, schema_name=entry.db,
-                                         table_name=entry.table, table_version=entry.info.version))
-        muts[-1].MergeFromString(changes)
+        last = muts[-1] if muts else None
+        if last is None or last.table_id != entry.table_id or type(last) is not RowsMutation:
+            last = RowsMutation(entry.table_id, entry.db, entry.table, entry.info.version)
+            muts.append(last)
+        last.add(changes, count)
 
     def _query(self, ev: Any) -> SourceTxn | None:
         q = ev.query.strip()

@@ -13,6 +13,7 @@ from typing import Any
 
 from sluice.capture import checks
 from sluice.capture.config import CaptureConfig
+from sluice.capture.handoff import Handoff
 from sluice.capture.metrics import CaptureMetrics
 from sluice.capture.reader import BinlogReader, gtid_state_text, parse_gtid_state
 from sluice.capture.schema import SchemaTracker, TableFilter, version_of
@@ -63,7 +64,7 @@ class Capture(Streaming):
         self._reader: BinlogReader | None = None
         self._stop = threading.Event()
         self._stopping = False
-        self._queue: asyncio.Queue[object] | None = None
+        self._queue: Handoff | None = None
         self._writing = False
         self._committed_ts_ms = 0       # source time of the last committed transaction
         self.snapshotter: Snapshotter | None = None
@@ -163,7 +164,7 @@ class Capture(Streaming):
     def _on_signal(self) -> None:
         self._stopping = True
         q = self._queue
-        if q is not None and not q.full():
+        if q is not None:
             q.put_nowait(_STOP)
 
     def _tracker(self) -> SchemaTracker:
@@ -215,7 +216,8 @@ class Capture(Streaming):
             value = pb.PrewriteValue(schema_snapshots=infos, source=pb.SourceInfo(
                 name=c.source.resolved_name(), server_id=facts.server_id,
                 ts_ms=int(time.time() * 1000)))
-            await self.writer.write_items([(value, at, encode(state) if state else None)])
+            await self.writer.write_items([(value.SerializeToString(), at,
+                                            encode(state) if state else None)])
             last = at
             log.info("declared %d table(s) in a schema-snapshot transaction at %s",
                      len(infos), format_position(at),

@@ -291,7 +291,8 @@ class SchemaTracker:
         self.filter = table_filter
         self._models: dict[tuple[str, str], ddlmod.TableDef] = {}
         self._declared: dict[tuple[str, str], pb.TableInfo] = {}
-        self._compiled: dict[_ShapeKey, tuple[pb.TableInfo, RowDecoder]] = {}
+        # Resolved entries by TableMap signature: a hit costs one dict lookup per TableMap.
+        self._compiled: dict[_ShapeKey, TableEntry] = {}
 
     # -- state --------------------------------------------------------------------------------
 
@@ -353,7 +354,7 @@ class SchemaTracker:
             event._sluice_key = key  # type: ignore[attr-defined]
         hit = self._compiled.get(key)
         if hit is not None:
-            return TableEntry(tid, db, table, hit[0], hit[1]), None
+            return hit, None
         map_cols, bins, encs, pk = map_columns(event)
         cols, indexes = merge(map_cols, pk, self._models.get((db, table)))
         info = pb.TableInfo(table_id=tid, schema_name=db, table_name=table, columns=cols,
@@ -372,8 +373,8 @@ class SchemaTracker:
         where = f"{db}.{table}"
         decoder = RowDecoder([native_spec(b, c, e, f"{where}.{c.name}")
                               for b, c, e in zip(bins, info.columns, encs)], where)
-        self._compiled[key] = (info, decoder)
-        return TableEntry(tid, db, table, info, decoder), to_declare
+        entry = self._compiled[key] = TableEntry(tid, db, table, info, decoder)
+        return entry, to_declare
 
     # -- DDL ----------------------------------------------------------------------------------
 

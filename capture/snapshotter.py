@@ -22,6 +22,7 @@ from typing import Any
 
 import pymysql
 
+from sluice.capture.payload import Mutation
 from sluice.capture.reader import SourceTxn
 from sluice.capture.schema import SchemaTracker, stable_table_id, version_of
 from sluice.capture.snapshot.chunks import ChunkSplitter, SplitOptions, estimated_rows
@@ -126,7 +127,7 @@ class Snapshotter:
         """One source transaction in commit order; `end_offset` is where it ends in its binlog
         file (the reader has read every event before it)."""
         signals: list[Signal] = []
-        if self._sig:
+        if self._sig and self._touches_signal_table(txn):
             data, signals = split_signals(txn.mutations, self.signal_table)
             snaps = tuple(s for s in txn.schema_snapshots
                           if (s.schema_name, s.table_name) != self._sig)
@@ -136,10 +137,26 @@ class Snapshotter:
                 txn = dataclasses.replace(txn, mutations=tuple(data), schema_snapshots=snaps,
                                           ddls=ddls)
         with self._emit_lock:
+            # No snapshot window, pending chunk or command: the transaction only passes through
+            # (the hold still counts it, under its lock, against chunks registered later).
+            if not signals and not self._commands and self.reconciler.idle \
+                    and (self._finished_reported or self.on_finished is None) \
+                    and self.hold.pass_through(txn.position, end_offset):
+                self.reconciler.passed(txn.position)
+                assert self._put is not None
+                self._put(txn)
+                self._last = txn
+                return
             out = self.hold.offer((txn, signals), txn.position)
             if end_offset:
                 out += self.hold.reader_at(txn.position.file_seq, end_offset)
             self._release(out)
+
+    def _touches_signal_table(self, txn: SourceTxn) -> bool:
+        db, table = self._sig
+        return any(m.table_name == table and m.schema_name == db for m in txn.mutations) \
+            or any(s.table_name == table and s.schema_name == db for s in txn.schema_snapshots) \
+            or any(d.table_name == table and d.schema_name == db for d in txn.ddls)
 
     def poll(self) -> None:
         """Emit what a chunk completion released, and apply pending etcd signals."""
@@ -209,7 +226,7 @@ class Snapshotter:
                               info.version if info is not None else 0)
         return self._txn_at(e.position, (mutation,), declare, mutation.ByteSize(), state)
 
-    def _txn_at(self, position: pb.Position, mutations: tuple[pb.TableMutation, ...],
+    def _txn_at(self, position: pb.Position, mutations: tuple[Mutation, ...],
                 declare: tuple[pb.TableInfo, ...], size: int, state: SnapshotState) -> SourceTxn:
         # Not a source transaction: no GTID of its own (its position carries the GTID state of
         # the transaction it follows).

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from sluice.capture.handoff import Handoff
+from sluice.capture.payload import change_count
 from sluice.capture.reader import BinlogReader, SourceDisconnected, SourceTxn
 from sluice.capture.snapshot.progress import decode
 from sluice.capture.snapshot.signals import InvalidSignal, parse_etcd_signal
@@ -59,7 +61,7 @@ class Streaming:
 
     # -- streaming ----------------------------------------------------------------------------
 
-    def _start_reader(self, start: str, queue: asyncio.Queue[object]) -> None:
+    def _start_reader(self, start: str, queue: Handoff) -> None:
         c = self.config
         loop = asyncio.get_running_loop()
 
@@ -95,7 +97,7 @@ class Streaming:
 
         threading.Thread(target=reader_thread, name="binlog-reader", daemon=True).start()
 
-    def _start_snapshot(self, queue: asyncio.Queue[object]) -> None:
+    def _start_snapshot(self, queue: Handoff) -> None:
         """The snapshot thread, the emission ticker and the etcd signal poller; a failure of
         the snapshot fails the capture (a restart resumes at the next chunk)."""
         snap = self.snapshotter
@@ -170,12 +172,9 @@ class Streaming:
     async def _stream(self, start: str) -> None:
         c = self.config
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[object] = asyncio.Queue(_QUEUE)
+        queue = Handoff(loop, _QUEUE)
         self._queue = queue
-
-        def put(item: object) -> None:
-            asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
-        self._put = put
+        put = self._put = queue.put
         snap = self.snapshotter
         assert snap is not None
         snap.attach(put)
@@ -187,9 +186,10 @@ class Streaming:
         try:
             await self._groups(queue)
         finally:
+            queue.close()
             publish.cancel()
 
-    async def _groups(self, queue: asyncio.Queue[object]) -> None:
+    async def _groups(self, queue: Handoff) -> None:
         c = self.config
         loop = asyncio.get_running_loop()
         snap = self.snapshotter
@@ -213,8 +213,8 @@ class Streaming:
             while len(group) < c.group_max_txns and size < c.group_max_bytes \
                     and not _progress_only(group[-1]):
                 try:
-                    nxt = queue.get_nowait() if queue.qsize() else await asyncio.wait_for(
-                        queue.get(), max(0.0, deadline - loop.time()))
+                    nxt = queue.get_nowait() if queue.qsize() else await queue.get(
+                        max(0.0, deadline - loop.time()))
                 except asyncio.TimeoutError:
                     break
                 if not isinstance(nxt, SourceTxn):
@@ -238,7 +238,7 @@ class Streaming:
             m.group_seconds.observe(time.monotonic() - t0)
             m.groups.inc()
             m.txns.inc(len(group))
-            m.rows.inc(sum(len(mu.changes) for t in group for mu in t.mutations))
+            m.rows.inc(sum(change_count(mu) for t in group for mu in t.mutations))
             m.lag.set(self.lag_s())
 
     async def _publish_progress(self) -> None:
@@ -258,7 +258,7 @@ class Streaming:
             except errors.SluiceError as e:
                 log.warning("snapshot progress not published: %s", e)
 
-    async def _reconnect(self, lost: _Disconnected, queue: asyncio.Queue[object], backoff: float) -> float:
+    async def _reconnect(self, lost: _Disconnected, queue: Handoff, backoff: float) -> float:
         """Everything read before the loss is written already (it was ahead in the queue)."""
         self.metrics.set_state("reconnecting", error=str(lost.error)[:300],
                                after=lost.resume or "(first binlog)")

@@ -46,8 +46,9 @@ class Fenced(errors.FailedPrecondition):
     """Another capture with this producer id took over (a newer epoch): this one must stop."""
 
 
-PumpItem = tuple[pb.PrewriteValue, pb.Position, "pb.SnapshotProgress | None"]
-"""One pump transaction: its value, source position and the snapshot progress it records."""
+PumpItem = tuple[bytes, pb.Position, "pb.SnapshotProgress | None"]
+"""One pump transaction: its serialized PrewriteValue, source position and the snapshot
+progress it records."""
 
 
 def pump_txns(group: list[SourceTxn], source_name: str) -> list[PumpItem]:
@@ -206,7 +207,7 @@ class GroupWriter:
         first_start, _ = await self.tso.get_ts_range(n)
         now_ms = int(time.time() * 1000)
         prewrites = [pb.Binlog(tp=pb.PREWRITE, start_ts=first_start + i,
-                               prewrite_value=v.SerializeToString(), producer_id=self.producer_id,
+                               prewrite_value=v, producer_id=self.producer_id,
                                producer_epoch=self.epoch, position=pos, snapshot=snap,
                                ts_ms=now_ms)
                      for i, (v, pos, snap) in enumerate(items)]

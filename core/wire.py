@@ -14,7 +14,8 @@ from array import array
 
 __all__ = ["FRAME_TAG", "PACKED_TAG", "F_TXN_COMMIT_TS", "F_TXN_START_TS", "F_TXN_END",
            "F_FAKE_INDEX", "F_POSITIONED_INDEX", "varint", "read_varint", "frame_head",
-           "meta_head", "count_field", "txn_meta", "packed_meta", "tail", "trailing_fields"]
+           "meta_head", "count_field", "txn_meta", "packed_meta", "tail", "trailing_fields",
+           "len_field"]
 
 FRAME_TAG = 0x0A          # field 1 (binlogs), length-delimited: every transaction starts so
 META_TAG = 0x22           # field 4 (txns), length-delimited TxnMeta
@@ -32,6 +33,12 @@ def varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def len_field(tag: int, data: bytes) -> bytes:
+    """A length-delimited field (`tag` is the whole one-byte key: field number << 3 | 2)."""
+    n = len(data)
+    return bytes((tag, n)) + data if n < 0x80 else bytes((tag,)) + varint(n) + data
 
 
 def read_varint(b: bytes, i: int) -> tuple[int, int]:

@@ -121,6 +121,22 @@ class ConsistentReadHold:
                 self._reader_at = coord
             return self._drain()
 
+    def pass_through(self, position: pb.Position, end_offset: int = 0) -> bool:
+        """`offer` + `reader_at(position.file_seq, end_offset)` for a transaction that nothing
+        holds back (no chunk pending, nothing held): True when it was taken so, and the caller
+        emits it; False (nothing changed) otherwise."""
+        with self._lock:
+            if self._held or self._tickets:
+                return False
+            self._seq += 1
+            coord = (position.file_seq, position.offset)
+            if coord > self._reader_at:
+                self._reader_at = coord
+            if end_offset and (position.file_seq, end_offset) > self._reader_at:
+                self._reader_at = (position.file_seq, end_offset)
+            self._stamper.passed(position)
+            return True
+
     def reader_at(self, file_seq: int, offset: int) -> list[Released]:
         """The reader has read every event before (file_seq, offset) (heartbeat, idle source)."""
         with self._lock:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.capture.payload import Mutation
 from sluice.capture.snapshot.chunks import Chunk
 from sluice.capture.snapshot.emit import ChunkEmission, Stamper, changed_keys, rows_by_key
 from sluice.capture.snapshot.keys import SnapshotTable
@@ -45,12 +46,12 @@ class _Window:
     changed: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
 
 
-def split_signals(mutations: Sequence[pb.TableMutation], signal_table: str
-                  ) -> tuple[list[pb.TableMutation], list[Signal]]:
+def split_signals(mutations: Sequence[Mutation], signal_table: str
+                  ) -> tuple[list[Mutation], list[Signal]]:
     """Data mutations, and the signals inserted into `signal_table` ("db.table") by this
     transaction (its rows' first three columns are id, type, data). An invalid signal row is
     logged and skipped: a user's typo must not stop the capture."""
-    data: list[pb.TableMutation] = []
+    data: list[Mutation] = []
     signals: list[Signal] = []
     for m in mutations:
         if f"{m.schema_name}.{m.table_name}" != signal_table:
@@ -111,7 +112,19 @@ class WindowReconciler:
 
     # -- reader side --------------------------------------------------------------------------
 
-    def feed(self, position: pb.Position, mutations: Sequence[pb.TableMutation],
+    @property
+    def idle(self) -> bool:
+        """No window is open: a transaction without watermarks changes nothing here but the
+        stamper's anchor. Only the reader thread (`feed`) opens windows, so idle as read by it
+        stays so until its next `feed`."""
+        return not self._by_table
+
+    def passed(self, position: pb.Position) -> None:
+        """`feed` of a transaction while `idle` (no watermark in it): only the anchor moves."""
+        with self._lock:
+            self._stamper.passed(position)
+
+    def feed(self, position: pb.Position, mutations: Sequence[Mutation],
              signals: Sequence[Signal] = ()) -> list[ChunkEmission]:
         """One source transaction, in commit order; returns the chunks to emit right after it."""
         out: list[ChunkEmission] = []

@@ -41,7 +41,7 @@ def as_txns(txns: list[SourceTxn]) -> Iterator[tuple[Txn, SchemaHistory]]:
     for i, st in enumerate(txns):
         for j, value in enumerate(st.prewrite_values(SOURCE)):
             start_ts, commit_ts = 1000 + 10 * i + j, 1001 + 10 * i + j
-            pre = pb.Binlog(tp=pb.PREWRITE, start_ts=start_ts, prewrite_value=value.SerializeToString(),
+            pre = pb.Binlog(tp=pb.PREWRITE, start_ts=start_ts, prewrite_value=value,
                             producer_id="cap", position=st.position)
             com = pb.Binlog(tp=pb.COMMIT, start_ts=start_ts, commit_ts=commit_ts, producer_id="cap",
                             position=st.position)

@@ -58,7 +58,7 @@ def test_the_latest_progress_over_pumps_is_the_one_recorded_at_the_greatest_posi
         position = pb.Position(file_seq=2, offset=7)
         snapshot = pb.SnapshotProgress(snapshot_id="c")
 
-        def prewrite_values(self, source_name: str) -> list[pb.PrewriteValue]:
-            return [pb.PrewriteValue()]
+        def prewrite_values(self, source_name: str) -> list[bytes]:
+            return [b""]
     (_, pos, snap), = pump_txns([Src()], "src")  # type: ignore[list-item]
     assert snap is not None and snap.recorded_at == pos and not Src.snapshot.HasField("recorded_at")

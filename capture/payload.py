@@ -1,0 +1,137 @@
+"""A capture transaction's Prewrite payload (pb.PrewriteValue) built as protobuf wire bytes.
+
+The native row decoder already returns each rows event's `repeated RowChange` as wire bytes;
+a TableMutation is a few header fields in front of them and a PrewriteValue is its mutations,
+DDL, schema snapshots and source info, each length-delimited. Building those bytes directly
+(instead of message trees that protobuf copies into the PrewriteValue and serializes again)
+keeps the payload's meaning exactly: the payload decodes, field by field, to the message the
+protobuf classes build from the same parts (tests/unit/test_capture_payload.py). Fields are
+written in field-number order with proto3 defaults omitted, as protobuf serializes them.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sluice.core.wire import len_field, varint
+from sluice.proto import sluice_pb2 as pb
+
+__all__ = ["RowsMutation", "Mutation", "change_count", "source_info", "prewrite_payloads"]
+
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _int_field(tag: int, n: int) -> bytes:
+    """A varint field (int64/uint32/uint64; negative int64 as ten bytes); b"" for 0."""
+    if 0 < n < 0x80:
+        return bytes((tag, n))
+    return bytes((tag,)) + varint(n & _U64) if n else b""
+
+
+def _str_field(tag: int, s: str) -> bytes:
+    return len_field(tag, s.encode()) if s else b""
+
+
+# Header bytes of a table's mutations and the constant head of the source info: the same for
+# every transaction on that table / from that source (bounded: a shape change adds one).
+_HEADS: dict[tuple[int, str, str, int], bytes] = {}
+_SOURCE_HEADS: dict[tuple[str, int], bytes] = {}
+_FILES: dict[str, bytes] = {}
+_MAX_CACHED = 1 << 14
+
+
+def _cached(cache: dict[Any, bytes], key: Any, value: bytes) -> bytes:
+    if len(cache) >= _MAX_CACHED:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+class RowsMutation:
+    """One table's rows in a captured transaction, kept as the native decoder's wire bytes.
+
+    Reads like pb.TableMutation (`table_id`, `schema_name`, `table_name`, `table_version`,
+    `changes`); `changes` is parsed on first use only (snapshot windows and signal tables read
+    it, the pump payload does not). Appended to only while its transaction is being assembled.
+    """
+
+    __slots__ = ("table_id", "schema_name", "table_name", "table_version", "count", "_parts",
+                 "_message")
+
+    def __init__(self, table_id: int, schema_name: str, table_name: str, table_version: int) -> None:
+        self.table_id, self.schema_name = table_id, schema_name
+        self.table_name, self.table_version = table_name, table_version
+        self.count = 0                  # RowChanges in it
+        self._parts: list[bytes] = []   # `repeated RowChange` (field 5) wire bytes, in order
+        self._message: pb.TableMutation | None = None
+
+    def add(self, changes: bytes, count: int) -> None:
+        self._parts.append(changes)
+        self.count += count
+        self._message = None
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 - pb.TableMutation's spelling
+        key = (self.table_id, self.schema_name, self.table_name, self.table_version)
+        head = _HEADS.get(key)
+        if head is None:
+            head = _cached(_HEADS, key, b"".join((
+                _int_field(0x08, self.table_id), _str_field(0x12, self.schema_name),
+                _str_field(0x1A, self.table_name), _int_field(0x20, self.table_version))))
+        parts = self._parts
+        return head + parts[0] if len(parts) == 1 else head + b"".join(parts)
+
+    def ByteSize(self) -> int:  # noqa: N802 - pb.TableMutation's spelling
+        return len(self.SerializeToString())
+
+    def message(self) -> pb.TableMutation:
+        """The same mutation as a protobuf message (parsed once)."""
+        m = self._message
+        if m is None:
+            m = self._message = pb.TableMutation.FromString(self.SerializeToString())
+        return m
+
+    @property
+    def changes(self) -> Any:
+        return self.message().changes
+
+    def __repr__(self) -> str:
+        return (f"RowsMutation({self.schema_name}.{self.table_name}, table_id={self.table_id}, "
+                f"version={self.table_version}, {self.count} changes)")
+
+
+Mutation = RowsMutation | pb.TableMutation
+"""A transaction's mutation: native rows as wire bytes, or a message (snapshot chunks)."""
+
+
+def change_count(m: Mutation) -> int:
+    return m.count if type(m) is RowsMutation else len(m.changes)
+
+
+def source_info(name: str, server_id: int, gtid: str, file: str, pos: int, ts_ms: int) -> bytes:
+    """pb.SourceInfo's wire bytes."""
+    head = _SOURCE_HEADS.get((name, server_id))
+    if head is None:
+        head = _cached(_SOURCE_HEADS, (name, server_id),
+                       _str_field(0x0A, name) + _int_field(0x10, server_id))
+    f = _FILES.get(file)
+    if f is None:
+        f = _cached(_FILES, file, _str_field(0x22, file))
+    return b"".join((head, _str_field(0x1A, gtid), f, _int_field(0x28, pos), _int_field(0x30, ts_ms)))
+
+
+def prewrite_payloads(mutations: Sequence[Mutation], schema_snapshots: Sequence[pb.TableInfo],
+                      ddls: Sequence[pb.DDL], source: bytes, snapshot_chunk: bool) -> list[bytes]:
+    """The serialized PrewriteValue(s) of one source transaction: one, or one per DDL when a
+    statement acts on several tables (the schema snapshots travel with the first)."""
+    src = len_field(0x2A, source)
+    snaps = b"".join(len_field(0x22, s.SerializeToString()) for s in schema_snapshots)
+    if len(ddls) <= 1:
+        parts = [len_field(0x12, m.SerializeToString()) for m in mutations]
+        if ddls:
+            parts.append(len_field(0x1A, ddls[0].SerializeToString()))
+        parts += (snaps, src)
+        if snapshot_chunk:
+            parts.append(b"\x30\x01")
+        return [b"".join(parts)]
+    return [len_field(0x1A, d.SerializeToString()) + (snaps if i == 0 else b"") + src
+            for i, d in enumerate(ddls)]
