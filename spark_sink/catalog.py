@@ -196,30 +196,48 @@ class Catalog:
 
     # -- snapshots ------------------------------------------------------------------------------
 
+    def iceberg_table(self, db: str, table: str) -> Any:
+        """The org.apache.iceberg.Table behind db.table, its metadata refreshed (what a query
+        plans on: the catalog refreshes a cached table at every load)."""
+        t = self.spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            self.spark._jsparkSession, self.ident(db, table))
+        t.refresh()
+        return t
+
     def branch_head(self, db: str, table: str, branch: str = "main") -> int | None:
-        rows = self.sql(f"SELECT snapshot_id FROM {self.ident(db, table)}.refs "
-                        f"WHERE name = {sql_str(branch)}").collect()
-        return int(rows[0][0]) if rows else None
+        ref = self.iceberg_table(db, table).refs().get(branch)
+        return int(ref.snapshotId()) if ref is not None else None
 
     def head(self, db: str, table: str) -> Head:
         """Main's head and the newest sink summary on its ancestry. Snapshots other writers made
-        (maintenance) carry none, fences only an epoch; the walk passes them."""
-        head = self.branch_head(db, table)
-        if head is None:
+        (maintenance) carry none, fences only an epoch; the walk passes them.
+
+        Read from the table's metadata through the Java API: the `.refs` and `.snapshots`
+        metadata tables give the same answer but cost two Spark jobs, and this runs twice per
+        table at every sink open and after every lost race or rewrite."""
+        t = self.iceberg_table(db, table)
+        ref = t.refs().get("main")
+        if ref is None:
             return Head(None, None, None)
-        rows = self.sql(f"SELECT snapshot_id, parent_id, summary FROM "
-                        f"{self.ident(db, table)}.snapshots").collect()
-        by_id = {int(r[0]): (r[1], r[2]) for r in rows}
+        head = int(ref.snapshotId())
         sid: int | None = head
         top: tuple[str, int] | None = None
-        while sid is not None and sid in by_id:
-            parent, summary = by_id[sid]
-            summary = dict(summary or {})
+        while sid is not None:
+            snap = t.snapshot(sid)
+            if snap is None:
+                break    # expired: the ancestry ends here (as on the snapshots table)
+            jsum = snap.summary()
+            summary = {k: v for k in _SUMMARY_KEYS if (v := jsum.get(k)) is not None}
             e = epoch_of(summary)
             if e is not None and (top is None or e[1] > top[1]):
                 top = e
             s = Summary.of(summary)
             if s is not None:
                 return Head(head, s, top)
+            parent = snap.parentId()
             sid = int(parent) if parent is not None else None
         return Head(head, None, top)
+
+
+# The summary keys Summary.of and epoch_of read (fetched one by one over py4j).
+_SUMMARY_KEYS = ("sluice.drainer", "sluice.epoch", "sluice.batch", "sluice.commit-ts")
