@@ -114,6 +114,7 @@ def _expire(ice: Any, older_than_ms: int, retain_last: int) -> None:
     in this driver instead of as Spark jobs over every manifest (seconds per table on a small
     machine, for tables whose manifests a driver reads in milliseconds: docs/spark.md,
     "Maintenance")."""
+    ice.refresh()   # after the branch moves above (a commit retry would refresh too)
     ice.expireSnapshots().expireOlderThan(older_than_ms).retainLast(retain_last).commit()
 
 
