@@ -158,68 +158,110 @@ class Catalog:
     def apply_ops(self, st: TableState, ops: list[Op], props: dict[str, str],
                   recast: Any = None) -> None:
         """Bring st's tables to st's shape; each op only where the live table still needs it.
-        `recast(st, op)` rewrites a current-table column to a type Iceberg cannot promote to."""
-        for op in ops:
-            table = st.changelog if op.table == "changelog" else st.name
-            if op.kind == "create":
-                self.create_for(st, op.table, props)
-                continue
-            if op.kind == "drop_table":
-                self.drop_table(st.db, table)
-                continue
-            if not self.exists(st.db, table):
-                continue
-            live = self.columns(st.db, table)
-            t = self.ident(st.db, table)
-            have = live.get(op.column.lower())
-            if op.kind == "add":
-                if have is None:
-                    self.sql(f"ALTER TABLE {t} ADD COLUMN {q(op.column)} {op.to}")
-                elif have[1] != op.to:
+        `recast(st, op)` rewrites a current-table column to a type Iceberg cannot promote to.
+
+        Each ALTER is an Iceberg commit, so a run of adds (or drops) on one table is one
+        statement. The two tables are independent (every op names one, and checks that table's
+        live schema), so each table's ops run in their own order, the changelog's first."""
+        for which in ("changelog", "current"):
+            mine = [op for op in ops if op.table == which]
+            i = 0
+            while i < len(mine):
+                j = i + 1
+                if mine[i].kind in ("add", "drop"):
+                    while j < len(mine) and mine[j].kind == mine[i].kind:
+                        j += 1
+                self._apply_run(st, mine[i:j], props, recast)
+                i = j
+
+    def _apply_run(self, st: TableState, run: list[Op], props: dict[str, str],
+                   recast: Any) -> None:
+        """One op, or a run of adds or of drops on one table (one commit)."""
+        op = run[0]
+        table = st.changelog if op.table == "changelog" else st.name
+        if op.kind == "create":
+            self.create_for(st, op.table, props)
+            return
+        if op.kind == "drop_table":
+            self.drop_table(st.db, table)
+            return
+        if not self.exists(st.db, table):
+            return
+        live = self.columns(st.db, table)
+        t = self.ident(st.db, table)
+        have = live.get(op.column.lower())
+        if op.kind == "add":
+            todo = []
+            for a in run:
+                there = live.get(a.column.lower())
+                if there is None:
+                    todo.append(f"{q(a.column)} {a.to}")
+                elif there[1] != a.to:
                     raise UnmappableChange(f"spark sink: table {st.db}.{table} column "
-                                           f"{op.column}: exists as {have[1]}, wanted {op.to}")
-            elif op.kind == "drop":
-                if have is not None:
-                    self.sql(f"ALTER TABLE {t} DROP COLUMN {q(op.column)}")
-            elif op.kind == "rename":
-                # A target that exists is this rename done before a crash (targets are names
-                # no other column of the state has).
-                if have is not None and op.to.lower() not in live:
-                    self.sql(f"ALTER TABLE {t} RENAME COLUMN {q(op.column)} TO {q(op.to)}")
-            elif op.kind == "widen":
-                if have is not None and have[1] != op.to:
-                    self.sql(f"ALTER TABLE {t} ALTER COLUMN {q(op.column)} TYPE {op.to}")
-            elif op.kind == "recast":
-                recast(st, op)
-            else:
-                raise SluiceError(f"unknown schema operation {op.kind}")
+                                           f"{a.column}: exists as {there[1]}, wanted {a.to}")
+            if todo:
+                self.sql(f"ALTER TABLE {t} ADD COLUMNS ({', '.join(todo)})")
+        elif op.kind == "drop":
+            todo = [q(d.column) for d in run if d.column.lower() in live]
+            if todo:
+                self.sql(f"ALTER TABLE {t} DROP COLUMNS ({', '.join(todo)})")
+        elif op.kind == "rename":
+            # A target that exists is this rename done before a crash (targets are names
+            # no other column of the state has).
+            if have is not None and op.to.lower() not in live:
+                self.sql(f"ALTER TABLE {t} RENAME COLUMN {q(op.column)} TO {q(op.to)}")
+        elif op.kind == "widen":
+            if have is not None and have[1] != op.to:
+                self.sql(f"ALTER TABLE {t} ALTER COLUMN {q(op.column)} TYPE {op.to}")
+        elif op.kind == "recast":
+            recast(st, op)
+        else:
+            raise SluiceError(f"unknown schema operation {op.kind}")
 
     # -- snapshots ------------------------------------------------------------------------------
 
+    def iceberg_table(self, db: str, table: str) -> Any:
+        """The org.apache.iceberg.Table behind db.table, its metadata refreshed (what a query
+        plans on: the catalog refreshes a cached table at every load)."""
+        t = self.spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+            self.spark._jsparkSession, self.ident(db, table))
+        t.refresh()
+        return t
+
     def branch_head(self, db: str, table: str, branch: str = "main") -> int | None:
-        rows = self.sql(f"SELECT snapshot_id FROM {self.ident(db, table)}.refs "
-                        f"WHERE name = {sql_str(branch)}").collect()
-        return int(rows[0][0]) if rows else None
+        ref = self.iceberg_table(db, table).refs().get(branch)
+        return int(ref.snapshotId()) if ref is not None else None
 
     def head(self, db: str, table: str) -> Head:
         """Main's head and the newest sink summary on its ancestry. Snapshots other writers made
-        (maintenance) carry none, fences only an epoch; the walk passes them."""
-        head = self.branch_head(db, table)
-        if head is None:
+        (maintenance) carry none, fences only an epoch; the walk passes them.
+
+        Read from the table's metadata through the Java API: the `.refs` and `.snapshots`
+        metadata tables give the same answer but cost two Spark jobs, and this runs twice per
+        table at every sink open and after every lost race or rewrite."""
+        t = self.iceberg_table(db, table)
+        ref = t.refs().get("main")
+        if ref is None:
             return Head(None, None, None)
-        rows = self.sql(f"SELECT snapshot_id, parent_id, summary FROM "
-                        f"{self.ident(db, table)}.snapshots").collect()
-        by_id = {int(r[0]): (r[1], r[2]) for r in rows}
+        head = int(ref.snapshotId())
         sid: int | None = head
         top: tuple[str, int] | None = None
-        while sid is not None and sid in by_id:
-            parent, summary = by_id[sid]
-            summary = dict(summary or {})
+        while sid is not None:
+            snap = t.snapshot(sid)
+            if snap is None:
+                break    # expired: the ancestry ends here (as on the snapshots table)
+            jsum = snap.summary()
+            summary = {k: v for k in _SUMMARY_KEYS if (v := jsum.get(k)) is not None}
             e = epoch_of(summary)
             if e is not None and (top is None or e[1] > top[1]):
                 top = e
             s = Summary.of(summary)
             if s is not None:
                 return Head(head, s, top)
+            parent = snap.parentId()
             sid = int(parent) if parent is not None else None
         return Head(head, None, top)
+
+
+# The summary keys Summary.of and epoch_of read (fetched one by one over py4j).
+_SUMMARY_KEYS = ("sluice.drainer", "sluice.epoch", "sluice.batch", "sluice.commit-ts")

@@ -253,3 +253,52 @@ def test_a_database_named_like_the_catalog_commits_and_maintains(
     assert not [r for r in caplog.records if "maintenance failed" in r.getMessage()]
     assert env.rows("SELECT count(*), sum(bal) FROM cn_bank.acct")[0] == (ACCOUNTS + 2 * PER_BATCH, TOTAL)
     run(sink.close())
+
+
+def test_old_orphan_files_are_removed_young_ones_kept_and_needless_procedures_skipped(
+        spark_env: SparkEnv, caplog: pytest.LogCaptureFixture) -> None:
+    """Maintenance skips a procedure only when it provably has nothing to do: while no file
+    under a table's location is older than the orphan cutoff (24 h) and a table has fewer than
+    min-input-files small files, the scan and the rewrite are skipped; a file older than the
+    cutoff that no snapshot references is still removed, a younger one kept, and the
+    referenced files and rows are untouched."""
+    import os
+    from urllib.parse import urlparse
+    env = spark_env
+    batches, _ = workload()
+    schema = SchemaHistory()
+    sink = make_sink(env, "mo", schema)
+    caplog.set_level(logging.INFO, logger="sluice.spark_sink")
+    run(sink.open(Checkpoint(0)))
+    for chunk in batches[:2]:
+        run(drive(sink, chunk, schema))
+    before = sorted(tuple(r) for r in env.rows("SELECT id, bal, ver FROM mo_bank.acct"))
+
+    def done_fields() -> dict[str, Any]:
+        recs = [r for r in caplog.records if r.getMessage() == "spark maintenance done"]
+        return recs[-1].__dict__["fields"]
+
+    # Young tables: nothing old under any location, two batches' files in each.
+    sink.maintain()
+    f = done_fields()
+    assert f["tables"] == 3 and f["orphan_scans_skipped"] == 3, f
+    assert f["rewrites_skipped"] >= 2, f   # the changelog and the marker: 2 data files, no deletes
+
+    # A crashed write's leftovers in the changelog's data folder: one from two days ago, one
+    # from now.
+    assert sink.catalog is not None
+    location = sink.catalog.iceberg_table("mo_bank", "acct_changelog").location()
+    data = Path(urlparse(location).path) / "data"
+    old, young = data / "leftover-old.parquet", data / "leftover-young.parquet"
+    for p in (old, young):
+        p.write_bytes(b"not referenced by any snapshot")
+    two_days_ago = time.time() - 2 * 86_400
+    os.utime(old, (two_days_ago, two_days_ago))
+    sink.maintain()
+    f = done_fields()
+    assert f["tables"] == 3 and f["orphan_scans_skipped"] == 2, f
+    assert not old.exists() and young.exists()
+    assert not [r for r in caplog.records if "maintenance failed" in r.getMessage()]
+    assert sorted(tuple(r) for r in env.rows("SELECT id, bal, ver FROM mo_bank.acct")) == before
+    assert env.rows("SELECT count(*) FROM mo_bank.acct_changelog")[0][0] == ACCOUNTS + 3 * PER_BATCH
+    run(sink.close())

@@ -183,6 +183,48 @@ def test_ddl_add_drop_widen_recast_then_unmappable_stops(spark_env: SparkEnv) ->
     assert env.rows("SELECT note, price__v4 FROM dd_inv.items_changelog WHERE id = 2")[0] == ("b", D("1.25"))
 
 
+def test_a_ddl_adding_or_dropping_several_columns_is_one_schema_commit_per_table(
+        spark_env: SparkEnv) -> None:
+    """Every ALTER of an Iceberg table is a commit (a metadata version): the columns one DDL
+    adds, and those it drops, change the current table in one commit each, and the rows
+    before and after land in the right columns (the dropped ones kept in the changelog)."""
+    env = spark_env
+    v1 = ITEMS
+    v2 = v1.add_column(col("a", "int(11)")).add_column(col("b", "varchar(20)"))
+    v3 = v2.drop_column("a").drop_column("note")
+    ts = iter(range(T0, T0 + 100))
+    first = [schema_txn(next(ts), v1),
+             txn(prewrite_value(v1.mutation(v1.insert(id=1, qty=1, note="n"))), next(ts))]
+    add = [ddl_txn(next(ts), v2.alter_ddl("ALTER TABLE items ADD a INT, ADD b VARCHAR(20)"))]
+    mid = [txn(prewrite_value(v2.mutation(v2.insert(id=2, qty=2, note="m", a=5, b="x"))), next(ts))]
+    drop = [ddl_txn(next(ts), v3.alter_ddl("ALTER TABLE items DROP a, DROP note"))]
+    last = [txn(prewrite_value(v3.mutation(v3.insert(id=3, qty=3, b="y"))), next(ts))]
+    schema = SchemaHistory()
+    sink = make_sink(env, "mcol", schema)
+    run(sink.open(Checkpoint(0)))
+
+    def versions() -> int:
+        return env.rows("SELECT count(*) FROM mcol_inv.items.metadata_log_entries")[0][0]
+    run(drive(sink, first, schema))
+    n0 = versions()
+    run(drive(sink, add, schema))
+    assert versions() == n0 + 1
+    run(drive(sink, mid, schema))
+    n1 = versions()
+    run(drive(sink, drop, schema))
+    assert versions() == n1 + 1
+    run(drive(sink, last, schema))
+    assert sink.checkpoint().commit_ts == last[-1].commit_ts
+    assert sorted(tuple(r) for r in env.rows("SELECT id, qty, b FROM mcol_inv.items")) == \
+        [(1, 1, None), (2, 2, "x"), (3, 3, "y")]
+    assert [f.name for f in env.spark.table("mcol_inv.items").schema.fields
+            if not f.name.startswith("_")] == ["id", "qty", "b"]
+    assert sorted(tuple(r) for r in env.rows(
+        "SELECT id, note, a, b FROM mcol_inv.items_changelog")) == \
+        [(1, "n", None, None), (2, "m", 5, "x"), (3, None, None, "y")]
+    run(sink.close())
+
+
 def test_a_newer_epoch_fences_the_older_writer_which_commits_nothing(spark_env: SparkEnv) -> None:
     """Fencing: a sink of epoch 2 opening the tables commits a fence snapshot to each; the
     epoch-1 writer's next publish loses the compare-and-set, reads the higher epoch and raises
