@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -123,7 +124,25 @@ class Catalog:
         allp = {**TABLE_PROPERTIES, **props}
         tp = ", ".join(f"'{k}' = '{v}'" for k, v in allp.items())
         self.sql(f"CREATE TABLE IF NOT EXISTS {self.ident(db, table)} ({cols}) USING iceberg "
-                 f"TBLPROPERTIES ({tp})")
+                 f"{self._unique_location(db, table)}TBLPROPERTIES ({tp})")
+
+    def _unique_location(self, db: str, table: str) -> str:
+        """A LOCATION clause no other table of the warehouse has, or "" when the catalog keeps no
+        warehouse path we may choose under (a REST catalog's `warehouse` names one on the server,
+        which picks; a Hadoop catalog allows only `<warehouse>/<db>/<table>`).
+
+        Iceberg's default location is `<warehouse>/<db>/<table>`, and RENAME and DROP leave a
+        table's files where they are: after `RENAME TABLE a TO b; CREATE TABLE a`, both tables
+        would live in `<warehouse>/<db>/a`, and `remove_orphan_files` on either one deletes the
+        other's data files (referenced by no snapshot of *its own*) once they are older than the
+        cutoff. A name-plus-random-suffix directory per table keeps every location to one table."""
+        conf = self.spark.conf
+        pre = f"spark.sql.catalog.{self.name}"
+        wh = conf.get(f"{pre}.warehouse", None)
+        if not wh or conf.get(f"{pre}.type", None) not in ("jdbc", "hive"):
+            return ""
+        path = f"{wh.rstrip('/')}/{db}/{table}-{uuid.uuid4().hex[:12]}"
+        return f"LOCATION {sql_str(path)} "
 
     def drop_table(self, db: str, table: str) -> None:
         # Not PURGE: the files stay for time travel until maintenance removes orphans.

@@ -56,6 +56,7 @@ def maintain(sink: SparkSink, pub: Publisher) -> None:
         t = time.monotonic()
         cat.sql(sql).collect()
         spent[what] += time.monotonic() - t
+    shared = _shared_locations(cat, sorted(pub.heads))
     for (db, table) in sorted(pub.heads):
         name = sql_str(cat.ident(db, table))   # fully qualified (see Publisher.publish)
         proc = f"{cat.name}.system"
@@ -79,7 +80,9 @@ def maintain(sink: SparkSink, pub: Publisher) -> None:
                 t1 = time.monotonic()
                 _expire(ice, int(cutoff.timestamp() * 1000), cfg.retain_snapshots)
                 spent["expire"] += time.monotonic() - t1
-            if ice is None or _orphans_possible(cat, ice, orphan_cutoff_ms):
+            if (db, table) in shared:
+                skipped["orphans"] += 1
+            elif ice is None or _orphans_possible(cat, ice, orphan_cutoff_ms):
                 timed("orphans", f"CALL {proc}.remove_orphan_files(table => {name}, "
                       f"older_than => {orphans_older})")
             else:
@@ -94,6 +97,25 @@ def maintain(sink: SparkSink, pub: Publisher) -> None:
                                                 rewrites_skipped=skipped["rewrite"],
                                                 orphan_scans_skipped=skipped["orphans"],
                                                 **{f"{k}_s": round(v, 2) for k, v in spent.items()}))
+
+
+def _shared_locations(cat: Any, tables: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Tables whose location is, holds or lies in another table's. Their orphan scans would
+    take the other table's live files for orphans and delete them, so they are never run (a
+    warning says which). The sink gives each table it creates a location of its own
+    (Catalog.create_table); tables created before that shared `<db>/<old name>` after a RENAME."""
+    where: dict[tuple[str, str], str] = {}
+    for db, table in tables:
+        ice = _iceberg_table(cat, db, table)
+        if ice is not None:
+            where[(db, table)] = str(ice.location()).rstrip("/") + "/"
+    out = {t for t, loc in where.items()
+           if any(o != t and (other.startswith(loc) or loc.startswith(other))
+                  for o, other in where.items())}
+    if out:
+        log.warning("spark maintenance: tables share a location; their orphan files are not "
+                    "removed", extra=kv(tables=sorted(f"{d}.{t}" for d, t in out)))
+    return out
 
 
 def _iceberg_table(cat: Any, db: str, table: str) -> Any:

@@ -302,3 +302,62 @@ def test_old_orphan_files_are_removed_young_ones_kept_and_needless_procedures_sk
     assert sorted(tuple(r) for r in env.rows("SELECT id, bal, ver FROM mo_bank.acct")) == before
     assert env.rows("SELECT count(*) FROM mo_bank.acct_changelog")[0][0] == ACCOUNTS + 3 * PER_BATCH
     run(sink.close())
+
+
+def test_a_table_created_under_a_renamed_tables_old_name_shares_no_files_with_it(
+        spark_env: SparkEnv, caplog: pytest.LogCaptureFixture) -> None:
+    """Every table the sink creates has a location of its own: after `RENAME TABLE a TO b` and
+    a new `CREATE TABLE a`, orphan removal on either table (every file backdated past the 24 h
+    cutoff, so nothing is skipped as young) deletes none of the other's files, and both read
+    back every row. With Iceberg's default `<warehouse>/<db>/<table>` the two would share a
+    directory and each scan would take the other's data files for orphans."""
+    import os
+    from urllib.parse import urlparse
+
+    from tests.support.rows import ddl_txn
+    env = spark_env
+    a = Table(461, "ren", "a", [col("id", "int(11)", nullable=False), col("v", "int(11)")],
+              primary=["id"])
+    ts = iter(range(T0, T0 + 1000))
+
+    def ins(t: Table, *ids: int) -> Txn:
+        return txn(prewrite_value(t.mutation(*(t.insert(id=i, v=i * 10) for i in ids))), next(ts))
+
+    schema = SchemaHistory()
+    sink = make_sink(env, "rl", schema)
+    caplog.set_level(logging.INFO, logger="sluice.spark_sink")
+    run(sink.open(Checkpoint(0)))
+    b = a.rename("ren", "b")
+    a2 = Table(462, "ren", "a", [col("id", "int(11)", nullable=False), col("w", "varchar(8)")],
+               primary=["id"])
+    new_a = txn(prewrite_value(a2.mutation(a2.insert(id=7, w="new"))), T0 + 900)
+    run(drive(sink, [schema_txn(next(ts), a), ins(a, 1, 2)], schema))
+    run(drive(sink, [ddl_txn(next(ts), b.rename_ddl(a, "RENAME TABLE a TO b")), ins(b, 3)], schema))
+    run(drive(sink, [schema_txn(next(ts), a2), new_a], schema))
+    assert sink.catalog is not None
+    where = {t: urlparse(sink.catalog.iceberg_table("rl_ren", t).location()).path.rstrip("/") + "/"
+             for t in ("a", "a_changelog", "b", "b_changelog")}
+    assert len(set(where.values())) == 4, where
+    for t, loc in where.items():
+        assert not [o for o, other in where.items() if o != t and other.startswith(loc)], where
+
+    # Everything under the namespace two days old: orphan removal scans every table.
+    two_days_ago = time.time() - 2 * 86_400
+    root = Path(urlparse(sink.catalog.iceberg_table("rl_ren", "a").location()).path).parent
+    for p in root.rglob("*"):
+        os.utime(p, (two_days_ago, two_days_ago))
+    sink.maintain()
+    assert not [r for r in caplog.records if "maintenance failed" in r.getMessage()]
+    assert sorted(tuple(r) for r in env.rows("SELECT id, v FROM rl_ren.b")) == [(1, 10), (2, 20), (3, 30)]
+    assert [tuple(r) for r in env.rows("SELECT id, w FROM rl_ren.a")] == [(7, "new")]
+    assert env.rows("SELECT count(*) FROM rl_ren.b_changelog")[0][0] == 3
+    assert env.rows("SELECT count(*) FROM rl_ren.a_changelog")[0][0] == 1
+
+    # A warehouse from before per-table locations: a table in another's directory. Maintenance
+    # names both and never scans them for orphans.
+    from sluice.spark_sink.maintenance import _shared_locations
+    env.spark.sql(f"CREATE TABLE {sink.cfg.catalog}.rl_ren.c (id INT) USING iceberg "
+                  f"LOCATION '{sink.catalog.iceberg_table('rl_ren', 'b').location()}'")
+    tables = [("rl_ren", t) for t in ("a", "a_changelog", "b", "b_changelog", "c")]
+    assert _shared_locations(sink.catalog, tables) == {("rl_ren", "b"), ("rl_ren", "c")}
+    run(sink.close())
