@@ -312,6 +312,23 @@ class SparkSink(SchemaChanges, BackgroundSink):
                 if attempt == _RACE_ATTEMPTS:
                     raise
 
+    def _publish_written(self, db: str, table: str, summary: Summary,
+                         write: Callable[[], bool]) -> None:
+        """fast_forward what a writer thread put on our branch of db.table; after a lost race
+        (the branch is then back at main's new head) write again here and retry."""
+        assert self.publisher is not None
+        pub = self.publisher
+        try:
+            pub.fast_forward(db, table, summary)
+            return
+        except LostRace:
+            pass
+
+        def again() -> None:
+            if write():
+                pub.fast_forward(db, table, summary)
+        self._with_retry(again)
+
     def _commit_sync(self, buf: _Buffer, states: dict[int, T.TableState]) -> None:
         assert self.publisher is not None and self.catalog is not None
         failpoint.inject("spark-before-commit")
@@ -365,16 +382,8 @@ class SparkSink(SchemaChanges, BackgroundSink):
                 st = states[tid]
                 t = time.monotonic()
                 wrote = fut.result()
-
-                def one(write: Callable[[], bool] = write, table: str = table,
-                        st: T.TableState = st, first: list[bool] = [wrote]) -> None:
-                    # The first try publishes what the writer thread wrote; after a lost race
-                    # (the branch is back at main's new head) it writes again, here.
-                    todo, first[0] = first[0], False
-                    if todo or write():
-                        pub.fast_forward(st.db, table, summary)
                 if wrote:
-                    self._with_retry(one)
+                    self._publish_written(st.db, table, summary, write)
                 timing[f"{which}_s"] += time.monotonic() - t
                 if tid == order[0] and which == "changelog":
                     failpoint.inject("spark-between-tables")

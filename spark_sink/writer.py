@@ -1,13 +1,14 @@
 """A table's buffered changes -> the Spark writes that land them: the changelog append, the
-current state's MERGE (keyed tables) or multiset rewrite (keyless ones), TRUNCATE, and the
-value-keeping cast of a column whose type Iceberg cannot promote.
+current state's DELETE of the batch's keys plus append of their last images (keyed tables; a
+MERGE INTO is the alternative, `CURRENT_BY`) or multiset rewrite (keyless ones), TRUNCATE, and
+the value-keeping cast of a column whose type Iceberg cannot promote.
 
 Rows arrive as tuples `(*CHANGELOG_META values, *values of the state's columns)`; a table's rows
 of a batch become ONE Arrow table (built in C, no per-row pickling) and ONE Spark DataFrame
-(`BatchFrame`), which both the changelog append and the current-state MERGE read: the rows cross
+(`BatchFrame`), which both the changelog append and the current-state write read: the rows cross
 from Python to the JVM once. A keyed table's frame carries `_sluice_latest`, true on the batch's
-last change of each key (computed here, in one pass over the rows), so the MERGE reads the
-batch already reduced to one change per key, with no window or shuffle of its own.
+last change of each key (computed here, in one pass over the rows), so the current-state write
+reads the batch already reduced to one change per key, with no window or shuffle of its own.
 
 Invariants:
 - The current state of a keyed table applies, per key, the batch's last change by
