@@ -18,8 +18,10 @@ fast wrong answer cannot win. A warm-up of both paths runs first and is not repo
 
 Second part (--state-rows, 0 to skip): the cost of keeping the current state. A keyed table of
 --state-rows rows receives --state-batches batches of --state-changes changes each (updates of
-random keys, a few inserts and deletes) through the sink; per batch, ours (changelog append +
-MERGE + marker) vs a plain append of the same number of rows to a table of the same size.
+random keys, a few inserts and deletes) through the sink, the batches taking turns between the
+two ways of keeping the current state (DELETE of the keys + append, MERGE INTO); per batch, ours
+(changelog append + current state + marker) vs a plain append of the same number of rows to a
+table of the same size. --current picks the way for the first part.
 
 Run: .venv/bin/python bench/spark_sink.py [--changes 200000] [--batch-rows 100000]
      [--state-rows 1000000] [--state-changes 10000] [--state-batches 5]
@@ -50,6 +52,7 @@ from sluice.drainer.txn import SchemaHistory, Txn  # noqa: E402
 from sluice.spark_sink.config import SparkSinkConfig  # noqa: E402
 from sluice.spark_sink.session import session  # noqa: E402
 from sluice.spark_sink.sink import SparkSink  # noqa: E402
+from sluice.spark_sink import writer as W  # noqa: E402
 from tests.support.rows import (RandomWorkload, Table, col, history_of, prewrite_value,  # noqa: E402
                                 schema_txn, txn)
 
@@ -67,6 +70,7 @@ def workload(changes: int, seed: int) -> tuple[list[Txn], RandomWorkload, Schema
 
 
 WRITE_MODE = "merge-on-read"
+CURRENT_BY = W.CURRENT_BY
 
 
 def config(warehouse: Path, name: str, batch_rows: int) -> SparkSinkConfig:
@@ -159,7 +163,8 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
     spark.sql("CREATE NAMESPACE IF NOT EXISTS st_base")
     spark.sql("DROP TABLE IF EXISTS st_base.kv")
     spark.sql("CREATE TABLE st_base.kv USING iceberg AS SELECT id, v, pad FROM st_state.kv")
-    ours, base = [], []
+    ours: dict[str, list[float]] = {"delete": [], "merge": []}
+    base = []
     nxt = n
     for b in range(args.state_batches):
         changes = []
@@ -175,19 +180,32 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
                 changes.append(STATE.delete(id=rnd.randrange(n), v=0, pad="x" * 40))
         batch = [txn(prewrite_value(STATE.mutation(*changes[s:s + 100])), next(ts))
                  for s in range(0, k, 100)]
-        ours.append(asyncio.run(land(batch)))
+        # The two ways of keeping the current state take turns on the same table (they leave
+        # the same rows), so both see the same table size and the same load.
+        how = ("delete", "merge")[b % 2]
+        W.CURRENT_BY = how
+        ours[how].append(asyncio.run(land(batch)))
         rows = spark.range(k).selectExpr("id + 1000000000 AS id", "1 AS v", "'z' AS pad").toArrow()
         t = time.perf_counter()
         spark.createDataFrame(rows).writeTo("st_base.kv").append()
         base.append(time.perf_counter() - t)
-        log(f"state batch {b + 1}: ours {ours[-1]:.2f} s, plain append {base[-1]:.2f} s")
-    mo, mb = statistics.median(ours), statistics.median(base)
+        log(f"state batch {b + 1}: ours ({how}) {ours[how][-1]:.2f} s, plain append {base[-1]:.2f} s, "
+            f"load {os.getloadavg()[0]:.1f}")
+    W.CURRENT_BY = CURRENT_BY
+    got = spark.sql("SELECT count(*), count(DISTINCT id) FROM st_state.kv").collect()[0]
+    if got[0] != got[1]:
+        raise SystemExit(f"state: {got[0]} rows but {got[1]} keys")
+    mb = statistics.median(base)
     print(f"\nCurrent state of a {n}-row keyed table, batches of {k} changes (median of "
-          f"{args.state_batches}, write-mode {WRITE_MODE}):")
-    print(f"| what | ms per batch | rows/s |\n|---|---|---|")
-    print(f"| plain append of {k} rows (baseline) | {mb * 1000:.0f} | {k / mb:,.0f} |")
-    print(f"| sink: changelog + MERGE + marker | {mo * 1000:.0f} | {k / mo:,.0f} |")
-    print(f"ratio (baseline time / ours): {mb / mo:.2f}x")
+          f"{args.state_batches // 2}-{(args.state_batches + 1) // 2} per method, write-mode "
+          f"{WRITE_MODE}, load {os.getloadavg()[0]:.1f}):")
+    print(f"| what | ms per batch | rows/s | baseline time / ours |\n|---|---|---|---|")
+    print(f"| plain append of {k} rows (baseline) | {mb * 1000:.0f} | {k / mb:,.0f} | 1 |")
+    for how, label in (("delete", "DELETE keys + append"), ("merge", "MERGE")):
+        if ours[how]:
+            mo = statistics.median(ours[how])
+            print(f"| sink: changelog + {label} + marker | {mo * 1000:.0f} | {k / mo:,.0f} | "
+                  f"{mb / mo:.2f}x |")
     asyncio.run(sink.close())
 
 
@@ -201,9 +219,12 @@ def main() -> None:
     ap.add_argument("--state-changes", type=int, default=10_000)
     ap.add_argument("--state-batches", type=int, default=5)
     ap.add_argument("--write-mode", default="merge-on-read", choices=("merge-on-read", "copy-on-write"))
+    ap.add_argument("--current", default=W.CURRENT_BY, choices=("delete", "merge"),
+                    help="how the sink keeps a keyed current table in the first part")
     args = ap.parse_args()
-    global WRITE_MODE
+    global WRITE_MODE, CURRENT_BY
     WRITE_MODE = args.write_mode
+    CURRENT_BY = W.CURRENT_BY = args.current
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-spark-"))
     warehouse = work / "warehouse"
     cfg = config(warehouse, "warm", args.batch_rows)
@@ -236,7 +257,7 @@ def main() -> None:
         print(f"{rows} changelog rows per round, batch-rows {args.batch_rows}, median of {args.repeat}")
         print("| what | rows/s |\n|---|---|")
         print(f"| baseline: createDataFrame(arrow).writeTo().append() | {mb:,.0f} |")
-        print(f"| SparkSink (decode + changelog + MERGE + marker, CAS) | {mo:,.0f} |")
+        print(f"| SparkSink (decode + changelog + current by {CURRENT_BY} + marker, CAS) | {mo:,.0f} |")
         print(f"ratio: {mo / mb:.2f}x (goal >= 0.8x)")
         if args.state_rows:
             state_bench(spark, warehouse, args)

@@ -95,10 +95,23 @@ class Publisher:
     def publish(self, db: str, table: str, summary: Summary, write: Callable[[str], Any]) -> None:
         """write(branch identifier) on our branch, then fast-forward main to it (the CAS).
         Raises Fenced / OwnedByAnother, or LostRace after moving the branch to the new head."""
+        self.write(db, table, summary, write)
+        self.fast_forward(db, table, summary)
+
+    def write(self, db: str, table: str, summary: Summary, write: Callable[[str], Any]) -> None:
+        """write(branch identifier) on our branch, every commit carrying summary; main does not
+        move. Safe on several threads at once for different tables (the commit properties are
+        the calling thread's)."""
         cat = self.catalog
-        th = self.heads[(db, table)]
         with cat.commit_properties(summary.props()):
             write(cat.ident(db, table, self.branch))
+
+    def fast_forward(self, db: str, table: str, summary: Summary) -> None:
+        """Move main to our branch (the CAS; every commit written since the last publish becomes
+        visible at once). Raises Fenced / OwnedByAnother, or LostRace after moving the branch to
+        the new head."""
+        cat = self.catalog
+        th = self.heads[(db, table)]
         try:
             # The table fully qualified: `db.table` alone names catalog `db` when the database
             # is called like the catalog (the default meta-database "sluice").

@@ -48,6 +48,7 @@ from sluice.core.log import kv
 log = logging.getLogger(__name__)
 
 _RACE_ATTEMPTS = 5
+_WRITERS = 3     # branch writes of one batch running at once
 
 
 @dataclasses.dataclass
@@ -91,6 +92,7 @@ class SparkSink(SchemaChanges, BackgroundSink):
         self._failed: BaseException | None = None
         self._pending: concurrent.futures.Future[None] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._wpool: concurrent.futures.ThreadPoolExecutor | None = None
         self._successes: asyncio.Queue[SinkCheckpoint] = asyncio.Queue()
         self._since_maintenance = 0
         self.skipped = 0
@@ -123,6 +125,14 @@ class SparkSink(SchemaChanges, BackgroundSink):
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="spark-commit")
         return self._pool
+
+    def _writers(self) -> concurrent.futures.ThreadPoolExecutor:
+        """Threads for a batch's branch writes, which go to different tables at once (each
+        thread sets its own commit properties; publishing stays on the commit thread)."""
+        if self._wpool is None:
+            self._wpool = concurrent.futures.ThreadPoolExecutor(
+                _WRITERS, thread_name_prefix="spark-write")
+        return self._wpool
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.wrap_future(self._thread().submit(fn, *args))
@@ -184,6 +194,9 @@ class SparkSink(SchemaChanges, BackgroundSink):
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
+            if self._wpool is not None:
+                self._wpool.shutdown(wait=False)
+                self._wpool = None
 
     @property
     def committed_ts(self) -> int:
@@ -299,6 +312,23 @@ class SparkSink(SchemaChanges, BackgroundSink):
                 if attempt == _RACE_ATTEMPTS:
                     raise
 
+    def _publish_written(self, db: str, table: str, summary: Summary,
+                         write: Callable[[], bool]) -> None:
+        """fast_forward what a writer thread put on our branch of db.table; after a lost race
+        (the branch is then back at main's new head) write again here and retry."""
+        assert self.publisher is not None
+        pub = self.publisher
+        try:
+            pub.fast_forward(db, table, summary)
+            return
+        except LostRace:
+            pass
+
+        def again() -> None:
+            if write():
+                pub.fast_forward(db, table, summary)
+        self._with_retry(again)
+
     def _commit_sync(self, buf: _Buffer, states: dict[int, T.TableState]) -> None:
         assert self.publisher is not None and self.catalog is not None
         failpoint.inject("spark-before-commit")
@@ -308,13 +338,17 @@ class SparkSink(SchemaChanges, BackgroundSink):
         order = sorted(buf.rows, key=lambda tid: (states[tid].db, states[tid].name))
         t0 = time.monotonic()
         timing = {"changelog_s": 0.0, "current_s": 0.0}
-        for i, tid in enumerate(order):
+        # Every table's branch writes run at once (on the writer threads), then main moves
+        # table by table in the fixed order; a write that lost a race is redone at its turn.
+        jobs: list[tuple[int, str, str, Callable[[], bool], concurrent.futures.Future[bool]]] = []
+        for tid in order:
             st, rows = states[tid], buf.rows[tid]
             # One DataFrame for both of the table's writes (rebuilt only if a lost race moved a
             # skip point below the rows it holds).
             frame: list[W.BatchFrame | None] = [None]
 
-            def frame_for(skip: int, st: T.TableState = st, rows: list[Any] = rows) -> W.BatchFrame | None:
+            def frame_for(skip: int, st: T.TableState = st, rows: list[Any] = rows,
+                          frame: list[W.BatchFrame | None] = frame) -> W.BatchFrame | None:
                 f = frame[0]
                 if f is not None and skip >= f.since:
                     return f
@@ -329,22 +363,35 @@ class SparkSink(SchemaChanges, BackgroundSink):
                 return f
 
             for which, table in (("changelog", st.changelog), ("current", st.name)):
-                t = time.monotonic()
-
-                def one(which: str = which, table: str = table) -> None:
+                def write(which: str = which, table: str = table, st: T.TableState = st,
+                          rows: list[Any] = rows, frame_for: Any = frame_for) -> bool:
+                    """Our branch of the table gets the rows above its skip point; False: none."""
                     skip = pub.heads[(st.db, table)].commit_ts
                     if not any(r[1] > skip for r in reversed(rows)):
-                        return
+                        return False
                     f = frame_for(skip)
                     assert f is not None
-                    write = f.write_changelog if which == "changelog" else f.write_current
-                    pub.publish(st.db, table, summary, lambda b: write(b, skip))
-                self._with_retry(one)
+                    w = f.write_changelog if which == "changelog" else f.write_current
+                    pub.write(st.db, table, summary, lambda b: w(b, skip))
+                    return True
+                if (st.db, table) in pub.heads:
+                    frame_for(pub.heads[(st.db, table)].commit_ts)
+                jobs.append((tid, which, table, write, self._writers().submit(write)))
+        try:
+            for tid, which, table, write, fut in jobs:
+                st = states[tid]
+                t = time.monotonic()
+                wrote = fut.result()
+                if wrote:
+                    self._publish_written(st.db, table, summary, write)
                 timing[f"{which}_s"] += time.monotonic() - t
-                if i == 0 and which == "changelog":
+                if tid == order[0] and which == "changelog":
                     failpoint.inject("spark-between-tables")
-            if i == 0:
-                failpoint.inject("spark-after-first-table")
+                if tid == order[0] and which == "current":
+                    failpoint.inject("spark-after-first-table")
+        finally:
+            # Nothing of this batch is left writing when the commit ends (or fails).
+            concurrent.futures.wait([j[4] for j in jobs])
         failpoint.inject("spark-before-marker")
         t1 = time.monotonic()
         heads = {f"{db}.{t}": th.snapshot for (db, t), th in pub.heads.items()}

@@ -1,13 +1,14 @@
 """A table's buffered changes -> the Spark writes that land them: the changelog append, the
-current state's MERGE (keyed tables) or multiset rewrite (keyless ones), TRUNCATE, and the
-value-keeping cast of a column whose type Iceberg cannot promote.
+current state's DELETE of the batch's keys plus append of their last images (keyed tables; a
+MERGE INTO is the alternative, `CURRENT_BY`) or multiset rewrite (keyless ones), TRUNCATE, and
+the value-keeping cast of a column whose type Iceberg cannot promote.
 
 Rows arrive as tuples `(*CHANGELOG_META values, *values of the state's columns)`; a table's rows
 of a batch become ONE Arrow table (built in C, no per-row pickling) and ONE Spark DataFrame
-(`BatchFrame`), which both the changelog append and the current-state MERGE read: the rows cross
+(`BatchFrame`), which both the changelog append and the current-state write read: the rows cross
 from Python to the JVM once. A keyed table's frame carries `_sluice_latest`, true on the batch's
-last change of each key (computed here, in one pass over the rows), so the MERGE reads the
-batch already reduced to one change per key, with no window or shuffle of its own.
+last change of each key (computed here, in one pass over the rows), so the current-state write
+reads the batch already reduced to one change per key, with no window or shuffle of its own.
 
 Invariants:
 - The current state of a keyed table applies, per key, the batch's last change by
@@ -18,6 +19,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +31,10 @@ BATCH_VIEW = "sluice_batch"
 LATEST = "_sluice_latest"   # frame-only column: the batch's last change of its key
 _OP, _CTS, _SEQ = 0, 1, 2
 _META_WIDTH = len(CHANGELOG_META)
+# How a keyed current table takes a batch: "delete" (DELETE of the batch's keys, then an append
+# of their last images) or "merge" (one MERGE INTO); bench/spark_sink.py measures both.
+CURRENT_BY = "delete"
+_VIEW_IDS = itertools.count(1)
 
 
 def arrow_type(spark_ddl: str) -> Any:
@@ -97,6 +103,9 @@ class BatchFrame:
     def __init__(self, spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]], since: int) -> None:
         self.spark, self.st, self.since = spark, st, since
         self.frame = spark.createDataFrame(batch_arrow(st, rows))
+        # The session's temp views are shared by all threads: tables written at once need
+        # views of their own.
+        self.view = f"{BATCH_VIEW}_{next(_VIEW_IDS)}"
 
     def after(self, skip: int) -> Any:
         """The frame's rows with `_commit_ts` > skip (skip >= since)."""
@@ -110,15 +119,27 @@ class BatchFrame:
         (df.drop(LATEST) if self.st.key else df).writeTo(target).append()
 
     def write_current(self, target: str, skip: int) -> None:
-        self.after(skip).createOrReplaceTempView(BATCH_VIEW)
+        df = self.after(skip)
+        if self.st.key and CURRENT_BY == "delete":
+            from pyspark.sql import functions as F
+            # The batch is small next to the table: broadcast it, so the DELETE is a broadcast
+            # semi-join over the table's scan (no shuffle of the table).
+            df = F.broadcast(df)
+        v = self.view
+        df.createOrReplaceTempView(v)
         try:
-            if self.st.key:
-                self.spark.sql(current_sql(self.st, target))
+            if self.st.key and CURRENT_BY == "delete":
+                # Two commits on the sink's branch; the caller's one fast_forward publishes both
+                # (main never points at the first), so readers of main see one change.
+                self.spark.sql(delete_keys_sql(self.st, target, v))
+                self.spark.sql(latest_images_sql(self.st, v)).writeTo(target).append()
+            elif self.st.key:
+                self.spark.sql(current_sql(self.st, target, v))
             else:
                 from pyspark.sql import functions as F
-                self.spark.sql(keyless_sql(self.st, target)).writeTo(target).overwrite(F.lit(True))
+                self.spark.sql(keyless_sql(self.st, target, v)).writeTo(target).overwrite(F.lit(True))
         finally:
-            self.spark.catalog.dropTempView(BATCH_VIEW)
+            self.spark.catalog.dropTempView(v)
 
 
 def changelog_frame(spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]]) -> Any:
@@ -127,7 +148,7 @@ def changelog_frame(spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]])
     return df.drop(LATEST) if st.key else df
 
 
-def current_sql(st: TableState, target: str) -> str:
+def current_sql(st: TableState, target: str, view: str = BATCH_VIEW) -> str:
     """The statement that applies the batch view (one change per key: `_sluice_latest`) to a
     keyed current table."""
     names = [c.name for c in st.columns]
@@ -138,21 +159,46 @@ def current_sql(st: TableState, target: str) -> str:
     ins_vals = ", ".join(f"s.{q(n)}" for n in [*names, *(m for m, _ in CURRENT_META)])
     src = ", ".join([f"{q(c.cl)} AS {q(c.name)}" for c in st.columns]
                     + [q("_op"), *(q(m) for m, _ in CURRENT_META)])
-    return (f"MERGE INTO {target} t USING (SELECT {src} FROM {BATCH_VIEW} WHERE {q(LATEST)}) s "
+    return (f"MERGE INTO {target} t USING (SELECT {src} FROM {view} WHERE {q(LATEST)}) s "
             f"ON {on} "
             f"WHEN MATCHED AND s.`_op` = 'd' THEN DELETE "
             f"WHEN MATCHED THEN UPDATE SET {assign} "
             f"WHEN NOT MATCHED AND s.`_op` <> 'd' THEN INSERT ({ins_cols}) VALUES ({ins_vals})")
 
 
-def keyless_sql(st: TableState, target: str) -> str:
+def delete_keys_sql(st: TableState, target: str, view: str = BATCH_VIEW) -> str:
+    """Delete from a keyed current table every row whose key the batch view changes (key
+    columns are NOT NULL: tables.key_of_info)."""
+    keys = key_columns(st)
+    t_cols = ", ".join(q(c.name) for c in keys)
+    s_cols = ", ".join(q(c.cl) for c in keys)
+    if len(keys) > 1:
+        t_cols = f"({t_cols})"
+    return (f"DELETE FROM {target} WHERE {t_cols} IN (SELECT {s_cols} FROM {view} "
+            f"WHERE {q(LATEST)})")
+
+
+def latest_images_sql(st: TableState, view: str = BATCH_VIEW) -> str:
+    """The rows a keyed current table gets from the batch view after delete_keys_sql: each
+    changed key's last image, unless that change is a delete."""
+    cols = ", ".join([f"{q(c.cl)} AS {q(c.name)}" for c in st.columns]
+                     + [q(m) for m, _ in CURRENT_META])
+    return f"SELECT {cols} FROM {view} WHERE {q(LATEST)} AND `_op` <> 'd'"
+
+
+def key_columns(st: TableState) -> list[Any]:
+    by_name = {c.name.lower(): c for c in st.columns}
+    return [by_name[k.lower()] for k in st.key]
+
+
+def keyless_sql(st: TableState, target: str, view: str = BATCH_VIEW) -> str:
     """The new multiset of a keyless current table: old counts plus creates minus deletes."""
     names = ", ".join(q(c.name) for c in st.columns)
     return (f"SELECT {names}, `_commit_ts`, `_zero_dates` FROM (SELECT {names}, "
             f"max(`_commit_ts`) AS `_commit_ts`, max(`_zero_dates`) AS `_zero_dates`, "
             f"sum(`_n`) AS `_n` FROM (SELECT {names}, `_commit_ts`, `_zero_dates`, 1 AS `_n` "
             f"FROM {target} UNION ALL SELECT {names}, `_commit_ts`, `_zero_dates`, "
-            f"CASE WHEN `_op` = 'd' THEN -1 ELSE 1 END AS `_n` FROM {BATCH_VIEW}) u "
+            f"CASE WHEN `_op` = 'd' THEN -1 ELSE 1 END AS `_n` FROM {view}) u "
             f"GROUP BY {names}) g LATERAL VIEW explode(sequence(1, greatest(`_n`, 1))) x AS `_i` "
             f"WHERE `_n` > 0")
 
