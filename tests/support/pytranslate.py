@@ -45,22 +45,8 @@ class PyTranslator(Translator):
 def translate_values(txn: Txn, schema: SchemaLookup, tr: Translator | None = None
                      ) -> list[tuple[str, str, tuple[Any, ...] | None, tuple[Any, ...] | None, tuple[str, ...]]]:
     """(kind, `schema`.`table`, before, after, causality keys) per row change, the old way."""
-    tr = tr or Translator()
-    out = []
-    for ev in txn.rows(schema):
-        shape = tr.shape(ev.table_info, ev.schema, ev.table)
-        before = decode_row(ev.before, ev.table_info, shape) if ev.before is not None else None
-        after = decode_row(ev.after, ev.table_info, shape) if ev.after is not None else None
-        keys: list[str] = []
-        if before is not None:
-            keys += row_keys(shape, before)
-        if after is not None:
-            for k in row_keys(shape, after):
-                if k not in keys:
-                    keys.append(k)
-        out.append((_KIND_OF_OP[ev.op], shape.sql_name, before, after, tuple(keys)))
-    return out
-
+    return [(c.kind, c.shape.sql_name, c.before, c.after, c.keys)
+            for c in translate_changes(txn, schema, tr or Translator())]
 
 
 def sql_value(value: Any, data_type: str) -> Any:
