@@ -70,7 +70,7 @@ def workload(changes: int, seed: int) -> tuple[list[Txn], RandomWorkload, Schema
 
 
 WRITE_MODE = "merge-on-read"
-CURRENT_BY = W.CURRENT_BY
+CURRENT_BY = W.DELETE_KEYS
 
 
 def config(warehouse: Path, name: str, batch_rows: int) -> SparkSinkConfig:
@@ -83,6 +83,7 @@ def config(warehouse: Path, name: str, batch_rows: int) -> SparkSinkConfig:
 def run_sink(spark: Any, cfg: SparkSinkConfig, txns: list[Txn], schema: SchemaHistory,
              apply_batch: int) -> tuple[SparkSink, float]:
     sink = SparkSink(cfg, schema, "bench", 1, spark, owner="bench")
+    sink.current_by = CURRENT_BY
 
     async def go() -> float:
         await sink.open(Checkpoint(0))
@@ -183,7 +184,7 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
         # The two ways of keeping the current state take turns on the same table (they leave
         # the same rows), so both see the same table size and the same load.
         how = ("delete", "merge")[b % 2]
-        W.CURRENT_BY = how
+        sink.current_by = how
         ours[how].append(asyncio.run(land(batch)))
         rows = spark.range(k).selectExpr("id + 1000000000 AS id", "1 AS v", "'z' AS pad").toArrow()
         t = time.perf_counter()
@@ -191,7 +192,6 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
         base.append(time.perf_counter() - t)
         log(f"state batch {b + 1}: ours ({how}) {ours[how][-1]:.2f} s, plain append {base[-1]:.2f} s, "
             f"load {os.getloadavg()[0]:.1f}")
-    W.CURRENT_BY = CURRENT_BY
     got = spark.sql("SELECT count(*), count(DISTINCT id) FROM st_state.kv").collect()[0]
     if got[0] != got[1]:
         raise SystemExit(f"state: {got[0]} rows but {got[1]} keys")
@@ -219,12 +219,12 @@ def main() -> None:
     ap.add_argument("--state-changes", type=int, default=10_000)
     ap.add_argument("--state-batches", type=int, default=5)
     ap.add_argument("--write-mode", default="merge-on-read", choices=("merge-on-read", "copy-on-write"))
-    ap.add_argument("--current", default=W.CURRENT_BY, choices=("delete", "merge"),
+    ap.add_argument("--current", default=W.DELETE_KEYS, choices=(W.DELETE_KEYS, W.MERGE),
                     help="how the sink keeps a keyed current table in the first part")
     args = ap.parse_args()
     global WRITE_MODE, CURRENT_BY
     WRITE_MODE = args.write_mode
-    CURRENT_BY = W.CURRENT_BY = args.current
+    CURRENT_BY = args.current
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-spark-"))
     warehouse = work / "warehouse"
     cfg = config(warehouse, "warm", args.batch_rows)

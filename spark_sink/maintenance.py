@@ -56,12 +56,14 @@ def maintain(sink: SparkSink, pub: Publisher) -> None:
         t = time.monotonic()
         cat.sql(sql).collect()
         spent[what] += time.monotonic() - t
-    shared = _shared_locations(cat, sorted(pub.heads))
-    for (db, table) in sorted(pub.heads):
+    # One load per table, here: the commit thread is the sink's only writer, so the handles stay
+    # current through the loop (a takeover's commit shows in the head check below).
+    ices = {t: _iceberg_table(cat, *t) for t in sorted(pub.heads)}
+    shared = _shared_locations(ices)
+    for (db, table), ice in ices.items():
         name = sql_str(cat.ident(db, table))   # fully qualified (see Publisher.publish)
         proc = f"{cat.name}.system"
         try:
-            ice = _iceberg_table(cat, db, table)
             if ice is None or _rewrite_may_act(ice):
                 timed("rewrite", f"CALL {proc}.rewrite_data_files(table => {name}, "
                       f"options => map('min-input-files', '{MIN_INPUT_FILES}'))")
@@ -99,16 +101,12 @@ def maintain(sink: SparkSink, pub: Publisher) -> None:
                                                 **{f"{k}_s": round(v, 2) for k, v in spent.items()}))
 
 
-def _shared_locations(cat: Any, tables: list[tuple[str, str]]) -> set[tuple[str, str]]:
+def _shared_locations(ices: dict[tuple[str, str], Any]) -> set[tuple[str, str]]:
     """Tables whose location is, holds or lies in another table's. Their orphan scans would
     take the other table's live files for orphans and delete them, so they are never run (a
     warning says which). The sink gives each table it creates a location of its own
     (Catalog.create_table); tables created before that shared `<db>/<old name>` after a RENAME."""
-    where: dict[tuple[str, str], str] = {}
-    for db, table in tables:
-        ice = _iceberg_table(cat, db, table)
-        if ice is not None:
-            where[(db, table)] = str(ice.location()).rstrip("/") + "/"
+    where = {t: str(ice.location()).rstrip("/") + "/" for t, ice in ices.items() if ice is not None}
     out = {t for t, loc in where.items()
            if any(o != t and (other.startswith(loc) or loc.startswith(other))
                   for o, other in where.items())}

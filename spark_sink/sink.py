@@ -30,11 +30,9 @@ from typing import Any
 
 from sluice.core import failpoint
 from sluice.core.errors import InvalidArgument, SluiceError
-from sluice.core.position import format_position
 from sluice.drainer.sink import (BackgroundSink, Capabilities, Checkpoint, SinkCheckpoint,
                                  options_to_config)
 from sluice.drainer.txn import SchemaLookup, Txn
-from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import tables as T
 from sluice.spark_sink import writer as W
 from sluice.spark_sink.catalog import Catalog, Summary
@@ -42,7 +40,7 @@ from sluice.spark_sink.commit import Fenced, LostRace, OwnedByAnother, Publisher
 from sluice.spark_sink.config import SparkSinkConfig
 from sluice.spark_sink.schema_changes import (COMMITS, COMMITS_COLUMNS, STATE_PROPERTY,
                                               TABLES_PROPERTY, SchemaChanges)
-from sluice.spark_sink.types import RowReader, row_reader
+from sluice.spark_sink.types import RowReader
 from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
@@ -96,6 +94,9 @@ class SparkSink(SchemaChanges, BackgroundSink):
         self._successes: asyncio.Queue[SinkCheckpoint] = asyncio.Queue()
         self._since_maintenance = 0
         self.skipped = 0
+        # How keyed current tables take a batch (writer.DELETE_KEYS; writer.MERGE only for
+        # bench/spark_sink.py's same-table comparison).
+        self.current_by = W.DELETE_KEYS
         # Seconds per step since open (decode_s in apply(); convert/changelog/current/marker per
         # batch): what bench/spark_sink.py reports.
         self.timings: dict[str, float] = {}
@@ -358,7 +359,7 @@ class SparkSink(SchemaChanges, BackgroundSink):
                 if not todo:
                     return None
                 t = time.monotonic()
-                f = frame[0] = W.BatchFrame(spark, st, todo, low)
+                f = frame[0] = W.BatchFrame(spark, st, todo, low, self.current_by)
                 timing["convert_s"] = timing.get("convert_s", 0.0) + time.monotonic() - t
                 return f
 

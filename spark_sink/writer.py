@@ -1,6 +1,6 @@
 """A table's buffered changes -> the Spark writes that land them: the changelog append, the
 current state's DELETE of the batch's keys plus append of their last images (keyed tables; a
-MERGE INTO is the alternative, `CURRENT_BY`) or multiset rewrite (keyless ones), TRUNCATE, and
+MERGE INTO is the alternative, `MERGE`) or multiset rewrite (keyless ones), TRUNCATE, and
 the value-keeping cast of a column whose type Iceberg cannot promote.
 
 Rows arrive as tuples `(*CHANGELOG_META values, *values of the state's columns)`; a table's rows
@@ -31,9 +31,9 @@ BATCH_VIEW = "sluice_batch"
 LATEST = "_sluice_latest"   # frame-only column: the batch's last change of its key
 _OP, _CTS, _SEQ = 0, 1, 2
 _META_WIDTH = len(CHANGELOG_META)
-# How a keyed current table takes a batch: "delete" (DELETE of the batch's keys, then an append
-# of their last images) or "merge" (one MERGE INTO); bench/spark_sink.py measures both.
-CURRENT_BY = "delete"
+# How a keyed current table takes a batch: DELETE of the batch's keys, then an append of their
+# last images (the sink's way), or one MERGE INTO (kept for bench/spark_sink.py's comparison).
+DELETE_KEYS, MERGE = "delete", "merge"
 _VIEW_IDS = itertools.count(1)
 
 
@@ -100,8 +100,10 @@ class BatchFrame:
     """One table's rows of a batch as one Spark DataFrame, built once for both of its writes.
     `since`: the rows are those with `_commit_ts` > since (the lower of the two skip points)."""
 
-    def __init__(self, spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]], since: int) -> None:
+    def __init__(self, spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]], since: int,
+                 current_by: str = DELETE_KEYS) -> None:
         self.spark, self.st, self.since = spark, st, since
+        self.by_delete = bool(st.key) and current_by == DELETE_KEYS
         self.frame = spark.createDataFrame(batch_arrow(st, rows))
         # The session's temp views are shared by all threads: tables written at once need
         # views of their own.
@@ -120,7 +122,7 @@ class BatchFrame:
 
     def write_current(self, target: str, skip: int) -> None:
         df = self.after(skip)
-        if self.st.key and CURRENT_BY == "delete":
+        if self.by_delete:
             from pyspark.sql import functions as F
             # The batch is small next to the table: broadcast it, so the DELETE is a broadcast
             # semi-join over the table's scan (no shuffle of the table).
@@ -128,7 +130,7 @@ class BatchFrame:
         v = self.view
         df.createOrReplaceTempView(v)
         try:
-            if self.st.key and CURRENT_BY == "delete":
+            if self.by_delete:
                 # Two commits on the sink's branch; the caller's one fast_forward publishes both
                 # (main never points at the first), so readers of main see one change.
                 self.spark.sql(delete_keys_sql(self.st, target, v))

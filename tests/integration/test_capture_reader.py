@@ -6,6 +6,7 @@ before its writes (non-blocking: the stream ends at the binlog's end).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -126,6 +127,13 @@ def mysql_text(d: pb.Datum, col: pb.ColumnInfo) -> str | None:
 BINARY = {"bn", "vb", "bl", "b", "b1"}
 
 
+def insert_all_types(cur: Any) -> None:
+    """The torture rows into all_types, zero dates and zero parts allowed."""
+    cur.execute("SET SESSION sql_mode = ''")
+    marks = ",".join(["%s"] * len(COLS))
+    for row in ROWS:
+        cur.execute(f"INSERT INTO all_types ({','.join(COLS)}) VALUES ({marks})", row)
+
 def test_every_type_round_trips_from_the_source_to_datum_and_back(mariadb_module: MariaDBServer) -> None:
     """Every value MySQL/MariaDB can store decodes to the Datum that `core.rowcodec` maps back to
     the same value: signed and unsigned extremes, exact decimals of any precision, zero dates and
@@ -138,10 +146,7 @@ def test_every_type_round_trips_from_the_source_to_datum_and_back(mariadb_module
     conn = db.connect("cap_types")
     try:
         with conn.cursor() as cur:
-            cur.execute("SET SESSION sql_mode = ''")   # allow zero dates and zero parts
-            marks = ",".join(["%s"] * len(COLS))
-            for row in ROWS:
-                cur.execute(f"INSERT INTO all_types ({','.join(COLS)}) VALUES ({marks})", row)
+            insert_all_types(cur)
             cur.execute("SET time_zone = '+00:00'")
             exprs = ",".join(f"HEX({c})" if c in BINARY else "CAST(f AS DOUBLE)" if c == "f"
                              else f"CAST({c} AS CHAR)" for c in COLS)
@@ -372,10 +377,7 @@ def test_native_event_framing_matches_the_library(mariadb_module: MariaDBServer)
     conn = db.connect("framing")
     try:
         with conn.cursor() as cur:
-            cur.execute("SET SESSION sql_mode = ''")   # allow zero dates and zero parts
-            marks = ",".join(["%s"] * len(COLS))
-            for row in ROWS:
-                cur.execute(f"INSERT INTO all_types ({','.join(COLS)}) VALUES ({marks})", row)
+            insert_all_types(cur)
             cur.execute("UPDATE all_types SET vc = CONCAT(vc, 'x'), d10 = d10 + 1")
             cur.execute("DELETE FROM all_types WHERE id = 1")
     finally:

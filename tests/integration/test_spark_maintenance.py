@@ -358,6 +358,7 @@ def test_a_table_created_under_a_renamed_tables_old_name_shares_no_files_with_it
     from sluice.spark_sink.maintenance import _shared_locations
     env.spark.sql(f"CREATE TABLE {sink.cfg.catalog}.rl_ren.c (id INT) USING iceberg "
                   f"LOCATION '{sink.catalog.iceberg_table('rl_ren', 'b').location()}'")
-    tables = [("rl_ren", t) for t in ("a", "a_changelog", "b", "b_changelog", "c")]
-    assert _shared_locations(sink.catalog, tables) == {("rl_ren", "b"), ("rl_ren", "c")}
+    ices = {("rl_ren", t): sink.catalog.iceberg_table("rl_ren", t)
+            for t in ("a", "a_changelog", "b", "b_changelog", "c")}
+    assert _shared_locations(ices) == {("rl_ren", "b"), ("rl_ren", "c")}
     run(sink.close())
