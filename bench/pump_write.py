@@ -7,8 +7,15 @@ The pump's own CPU (user + system, from /proc) is reported per binlog written an
 served: on a shared, saturated machine that is the number that compares across runs. With
 `--followers N`, N PullBinlogs streams follow the writes live (as drainers do), so the write
 phase's CPU per binlog includes serving each binlog N times as it becomes final.
+With `--group N` each writer writes the capture's shape instead: N prewrites in one call, then
+their N commits in one call (a capture group reaches the pump as one WriteBinlogs each way).
+
+With `--baseline REV` the write phase alone runs `--rounds` times for the pump of git revision REV
+(its tree exported with `git archive` and put first on the pump's PYTHONPATH) and for this tree,
+alternating, each on a fresh pump; it reports the medians of CPU per binlog and per transaction
+(a prewrite and its commit) and new / old, with the load average of each run.
 Usage: .venv/bin/python bench/pump_write.py [--seconds 10] [--writers 64] [--skip-redis]
-       [--followers 2]
+       [--followers 2] [--group 50] [--baseline HEAD~3 --rounds 3]
 """
 from __future__ import annotations
 
@@ -18,10 +25,12 @@ import datetime
 import os
 import statistics
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +95,8 @@ async def redis_run(port: int, writers: int, seconds: float, pipeline: int) -> t
     return rate, lat
 
 
-async def pump_run(addr: str, writers: int, seconds: float) -> tuple[float, list[float], int]:
+async def pump_run(addr: str, writers: int, seconds: float, group: int = 0
+                   ) -> tuple[float, list[float], int]:
     channel = grpcutil.aio_channel(addr)
     batcher = WriteBatcher(channel, CLUSTER_ID, max_batch=512, max_inflight=2)
     counter = ts.now_ts() + (1 << 30)
@@ -98,6 +108,22 @@ async def pump_run(addr: str, writers: int, seconds: float) -> tuple[float, list
         nonlocal counter
         counter += 1
         return counter
+
+    async def group_writer() -> None:
+        nonlocal count
+        while time.monotonic() < end:
+            starts = [next_ts() for _ in range(group)]
+            t0 = time.monotonic()
+            await batcher.write_many([pb.Binlog(
+                tp=pb.PREWRITE, start_ts=s, prewrite_value=PAYLOAD,
+                producer_id="bench").SerializeToString() for s in starts])
+            lat.append(time.monotonic() - t0)
+            t0 = time.monotonic()
+            await batcher.write_many([pb.Binlog(
+                tp=pb.COMMIT, start_ts=s, commit_ts=next_ts(),
+                producer_id="bench").SerializeToString() for s in starts])
+            lat.append(time.monotonic() - t0)
+            count += 2 * group
 
     async def writer() -> None:
         nonlocal count
@@ -114,7 +140,7 @@ async def pump_run(addr: str, writers: int, seconds: float) -> tuple[float, list
             lat.append(time.monotonic() - t0)
             count += 2
     t0 = time.monotonic()
-    await asyncio.gather(*(writer() for _ in range(writers)))
+    await asyncio.gather(*((group_writer() if group else writer()) for _ in range(writers)))
     rate = count / (time.monotonic() - t0)
     rpcs = batcher.rpcs
     await batcher.close()
@@ -142,6 +168,103 @@ def follow(addr: str, stop: threading.Event, counts: list[int], msgs: list[int],
     finally:
         stream.cancel()
         ch.close()
+
+
+@dataclass
+class WritePhase:
+    rate: float          # binlogs/s
+    lat: list[float]     # seconds per awaited write call
+    rpcs: int
+    cpu: float           # pump CPU seconds (user + system) during the phase
+    sys: float           # of them system
+    written: int
+    load: str            # load average at the start of the phase
+    counts: list[int]    # binlogs each follower received
+    msgs: list[int]      # responses each follower received
+
+    @property
+    def us_per_binlog(self) -> float:
+        return self.cpu / self.written * 1e6
+
+    @property
+    def sys_per_binlog(self) -> float:
+        return self.sys / self.written * 1e6
+
+
+def write_phase(addr: str, pid: int, args: argparse.Namespace) -> WritePhase:
+    """The write phase with `args.followers` live PullBinlogs streams; the pump's CPU from /proc."""
+    load = loadavg()
+    stop = threading.Event()
+    counts = [0] * args.followers
+    msgs = [0] * args.followers
+    streams: list[grpc.Future] = []
+    followers = [threading.Thread(target=follow, args=(addr, stop, counts, msgs, k, streams),
+                                  daemon=True) for k in range(args.followers)]
+    for t in followers:
+        t.start()
+    cpu0, sys0 = proc_cpu(pid), proc_cpu(pid, system_only=True)
+    rate, lat, rpcs = asyncio.run(pump_run(addr, args.writers, args.seconds, args.group))
+    cpu = proc_cpu(pid) - cpu0
+    sys_cpu = proc_cpu(pid, system_only=True) - sys0
+    stop.set()
+    for stream in streams:
+        stream.cancel()
+    for t in followers:
+        t.join(timeout=30)
+    return WritePhase(rate, lat, rpcs, cpu, sys_cpu, round(rate * args.seconds), load, counts,
+                      msgs)
+
+
+def export_tree(rev: str, work: Path) -> Path:
+    """`rev`'s tree laid out as the `sluice` namespace (docs/packaging.md) under a fresh
+    folder: first on a process's PYTHONPATH, it runs that revision's code."""
+    root = work / "baseline"
+    (root / "sluice").mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root / "sluice")], input=archive, check=True)
+    return root
+
+
+def compare(args: argparse.Namespace, cluster: Cluster, work: Path) -> None:
+    """Old (`args.baseline`) and new pumps alternating, a fresh pump each run: medians."""
+    base_root = export_tree(args.baseline, work)
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.baseline],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    shape = (f"groups of {args.group} transactions per call" if args.group
+             else "one binlog per write call, coalesced")
+    print(f"compare: pump at {args.baseline} ({rev}) vs this tree; {args.writers} writers, "
+          f"{shape}, {args.followers} live followers, {args.seconds}s x {args.rounds} rounds "
+          "each, alternating", flush=True)
+    runs: dict[str, list[WritePhase]] = {"old": [], "new": []}
+    settings = {"heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0}
+    for k in range(args.rounds):
+        for which in (("old", "new") if k % 2 == 0 else ("new", "old")):
+            env = {"PYTHONPATH": str(base_root)} if which == "old" else None
+            pump = cluster.start_pump(f"pump-{which}-{k}", env=env, **settings)
+            try:
+                ph = write_phase(pump.addr, pump.proc.pid, args)
+            finally:
+                pump.proc.stop()
+                shutil.rmtree(pump.data_dir, ignore_errors=True)
+            runs[which].append(ph)
+            print(f"  {which} #{k}: {ph.rate:,.0f} binlogs/s, {ph.written / max(ph.rpcs, 1):.1f} "
+                  f"per RPC; pump CPU {ph.us_per_binlog:.1f} µs per binlog "
+                  f"({ph.sys_per_binlog:.1f} system), {2 * ph.us_per_binlog:.1f} µs per txn; "
+                  f"followers got {ph.counts} in {ph.msgs} responses (load {ph.load})",
+                  flush=True)
+    med = {w: statistics.median(p.us_per_binlog for p in ps) for w, ps in runs.items()}
+    med_sys = {w: statistics.median(p.sys_per_binlog for p in ps) for w, ps in runs.items()}
+    med_rate = {w: statistics.median(p.rate for p in ps) for w, ps in runs.items()}
+    today = datetime.date.today().isoformat()
+    print(f"\n| pump | µs CPU / binlog | of them system | µs CPU / txn | binlogs/s | "
+          f"loads |\n|---|---:|---:|---:|---:|---|")
+    for w in ("old", "new"):
+        print(f"| {w} ({rev if w == 'old' else 'this tree'}) | {med[w]:.1f} | {med_sys[w]:.1f} | "
+              f"{2 * med[w]:.1f} | {med_rate[w]:,.0f} | "
+              f"{'; '.join(p.load for p in runs[w])} |")
+    print(f"\nnew / old CPU per binlog: {med['new'] / med['old']:.2f}x (medians of "
+          f"{args.rounds}; {os.cpu_count()} cores, {today})")
 
 
 def pull_all(addr: str, expect: int) -> tuple[float, float, int]:
@@ -187,11 +310,25 @@ def main() -> int:
                     help="live PullBinlogs streams during the write phase (drainers)")
     ap.add_argument("--skip-redis", action="store_true",
                     help="pump only (CPU per binlog needs no redis; the ratio rows are omitted)")
+    ap.add_argument("--group", type=int, default=0,
+                    help="transactions per write call (the capture's shape); 0: one binlog")
+    ap.add_argument("--baseline", default="",
+                    help="git revision of the old pump: compare write phases only, alternating")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each pump with --baseline")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-pump-"))
     etcd = EtcdServer(work / "etcd").start()
     cluster = Cluster(work, etcd.endpoint)
     cluster.register_producer("bench")
+    if args.baseline:
+        try:
+            cluster.start_tso()
+            compare(args, cluster, work)
+        finally:
+            cluster.stop()
+            etcd.stop()
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     redis_port = free_port()
     redis = Proc("redis", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
                            "--appendonly", "yes", "--appendfsync", "always", "--save", "",
@@ -209,31 +346,13 @@ def main() -> int:
             r16, _ = asyncio.run(redis_run(redis_port, args.writers, args.seconds, 16))
             print(f"  redis XADD pipeline 16:        {r16:,.0f}/s", flush=True)
         pid = pump.proc.pid
-        load_w = loadavg()
-        stop = threading.Event()
-        counts = [0] * args.followers
-        msgs = [0] * args.followers
-        streams: list[grpc.Future] = []
-        followers = [threading.Thread(target=follow,
-                                      args=(pump.addr, stop, counts, msgs, k, streams),
-                                      daemon=True) for k in range(args.followers)]
-        for t in followers:
-            t.start()
-        cpu0, sys0 = proc_cpu(pid), proc_cpu(pid, system_only=True)
-        ours, lat, rpcs = asyncio.run(pump_run(pump.addr, args.writers, args.seconds))
-        write_cpu = proc_cpu(pid) - cpu0
-        write_sys = proc_cpu(pid, system_only=True) - sys0
-        stop.set()
-        for stream in streams:
-            stream.cancel()
-        for t in followers:
-            t.join(timeout=30)
-        written = round(ours * args.seconds)
-        served = (f", {args.followers} live followers got {counts} binlogs in {msgs} responses"
-                  if followers else "")
+        ph = write_phase(pump.addr, pid, args)
+        ours, lat, rpcs, write_cpu, written = ph.rate, ph.lat, ph.rpcs, ph.cpu, ph.written
+        served = (f", {args.followers} live followers got {ph.counts} binlogs in {ph.msgs} "
+                  "responses" if args.followers else "")
         print(f"  sluice pump batched writes:    {ours:,.0f}/s ({rpcs} RPCs{served}); pump CPU "
-              f"{write_cpu:.2f} s = {write_cpu / written * 1e6:.1f} µs per binlog written, "
-              f"{write_sys / written * 1e6:.1f} of them system (load {load_w})", flush=True)
+              f"{write_cpu:.2f} s = {ph.us_per_binlog:.1f} µs per binlog written, "
+              f"{ph.sys_per_binlog:.1f} of them system (load {ph.load})", flush=True)
         total = int(ours * args.seconds)
         # Best of three for both, alternating, so a burst of load from other processes on the
         # machine does not decide the ratio.
