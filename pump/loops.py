@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from sluice.client.outbox import decide_by_writing
 from sluice.core import errors, grpcutil, ts
 from sluice.core.registry import NodeKind, NodeState
 from sluice.proto import sluice_pb2 as pb
@@ -180,12 +181,6 @@ async def _txn_status(cfg: "PumpConfig", addr: str, start_ts: int) -> tuple[int,
 
 
 async def _decide_by_outbox(dsn: str, start_ts: int) -> tuple[int, int]:
-    try:
-        # Imported here: only pumps that meet an outbox producer need pymysql.
-        from sluice.client.outbox import decide_by_writing
-    except ImportError as e:
-        raise errors.Unavailable(f"outbox resolution is not available in this build ({e})") \
-            from None
     try:
         return await asyncio.to_thread(decide_by_writing, dsn, start_ts, OUTBOX_TIMEOUT_S)
     except errors.SluiceError:

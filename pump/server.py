@@ -137,8 +137,7 @@ class PumpServer:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run_forever(self) -> None:
-        self.feed.attach(asyncio.get_running_loop())
-        self.storage.add_listener(self.feed.on_group)
+        self.storage.add_loop_listener(asyncio.get_running_loop(), self.feed.on_group)
         server = grpcutil.aio_server(self.config.security)
         add_to_server(PumpService(self.storage, self.lifecycle, self.admission, self.metrics,
                                   self.feed, self.config.cluster_id), server)

@@ -40,31 +40,27 @@ PULL_INLINE_BYTES = 64 << 10
 
 
 class LiveFeed:
-    """Wakes PullBinlogs streams after every durable group and counts them (the fake-binlog loop
-    beats faster while a drainer pulls)."""
+    """Wakes PullBinlogs streams after every durable group that moved the served watermark
+    (streams read up to it: a group that leaves it, such as one of prewrites only, has nothing
+    for them) and counts them (the fake-binlog loop beats faster while a drainer pulls)."""
 
     def __init__(self, metrics: "PumpMetrics") -> None:
         self.metrics = metrics
         self.pullers = 0
         self._subscribers: set[asyncio.Event] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._watermark = -1
 
     def subscribe(self, event: asyncio.Event) -> Callable[[], None]:
         self._subscribers.add(event)
         return lambda: self._subscribers.discard(event)
 
-    def on_group(self, *_: object) -> None:
-        """A storage listener: runs on the committer thread after every durable group."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        for ev in list(self._subscribers):
-            ev.set()
+    def on_group(self, watermark: int) -> None:
+        """A storage loop listener (`Storage.add_loop_listener`): runs on the event loop after
+        every durable group, in the same callback as the group's acks."""
+        if watermark > self._watermark:
+            self._watermark = watermark
+            for ev in list(self._subscribers):
+                ev.set()
 
     def pullers_changed(self, delta: int) -> None:
         self.pullers += delta

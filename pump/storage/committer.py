@@ -69,7 +69,8 @@ def _any_prewrite(payloads: list[bytes]) -> bool:
     return False
 
 
-def _complete(items: list[tuple[Any, Any, BaseException | None]]) -> None:
+def _complete(items: list[tuple[Any, Any, BaseException | None]],
+              notify: list[Callable[[int], None]] | None = None, watermark: int = 0) -> None:
     for fut, result, error in items:
         if fut.done():
             continue
@@ -77,6 +78,16 @@ def _complete(items: list[tuple[Any, Any, BaseException | None]]) -> None:
             fut.set_exception(error)
         else:
             fut.set_result(result)
+    if notify:
+        _notify(notify, watermark)
+
+
+def _notify(callbacks: list[Callable[[int], None]], watermark: int) -> None:
+    for cb in callbacks:
+        try:
+            cb(watermark)
+        except Exception:  # noqa: BLE001 - a listener must not stop the others
+            log.exception("storage loop listener failed")
 
 
 class Committer:
@@ -84,6 +95,9 @@ class Committer:
         self.state = state
         self.stager = stager
         self.listeners: list[Callable[[int], None]] = []
+        # Callbacks run on an event loop after every durable group: in the same loop callback
+        # as the group's acks to that loop, so a group wakes the loop once, not twice.
+        self.loop_listeners: dict[asyncio.AbstractEventLoop, list[Callable[[int], None]]] = {}
         self._queue: queue.SimpleQueue[Req] = queue.SimpleQueue()
         self._carry: list[Req] = []
         self._budget_lock = threading.Lock()
@@ -227,7 +241,9 @@ class Committer:
             if stop:
                 return
 
-    def _finish(self, reqs: list[Req]) -> None:
+    def _finish(self, reqs: list[Req], watermark: int | None = None) -> None:
+        """Resolve the requests' futures; after a durable group (`watermark` given) also run
+        the loop listeners, with the acks of their loop when there are any."""
         by_loop: dict[Any, list[tuple[Any, Any, BaseException | None]]] = {}
         nbytes = 0
         for r in reqs:
@@ -242,11 +258,18 @@ class Committer:
         with self._budget_lock:
             self.inflight_bytes -= nbytes
             self._inflight_reqs -= len(reqs)
+        listeners = self.loop_listeners if watermark is not None else {}
         for loop, items in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_complete, items)
+                loop.call_soon_threadsafe(_complete, items, listeners.get(loop), watermark)
             except RuntimeError:
                 log.debug("event loop closed before %d acks were delivered", len(items))
+        for loop, callbacks in listeners.items():
+            if loop not in by_loop and not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(_notify, callbacks, watermark)
+                except RuntimeError:
+                    log.debug("event loop closed before a group was announced")
 
     def _run_group(self, reqs: list[Req]) -> None:
         if self.broken is not None:
@@ -302,7 +325,7 @@ class Committer:
         for r in ok:
             if r.kind == Kind.WRITE:
                 r.result = watermark
-        self._finish(ok)
+        self._finish(ok, watermark)
         for cb in self.listeners:
             try:
                 cb(watermark)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -73,18 +74,53 @@ def _heavy(key: bytes, val: bytes, limit: int) -> bool:
     return key[9] != _FAKE or ix.entry_val_unpack(val)[2] > limit
 
 
+class SharedChunks:
+    """Chunks that covered a whole range (after, watermark] in one call, for the other readers
+    that ask for the same range: readers following live (one per drainer) all wake for the same
+    durable group, and each would otherwise read, check and frame the same records. The bytes of
+    (after, watermark] never change once served (nothing is stored at or below the served
+    watermark afterwards), so a kept chunk is exactly what a reader would build. A few recent
+    ones are kept; any thread."""
+
+    def __init__(self, limit: int = 4) -> None:
+        self.limit = limit
+        self.hits = 0
+        self._lock = threading.Lock()
+        self._chunks: dict[tuple[int, int, bool, int, bool], Chunk] = {}
+
+    def get(self, key: tuple[int, int, bool, int, bool]) -> Chunk | None:
+        """The chunk kept for (after, watermark, packed, max_bytes, inline), if any: the same
+        request on the same range, so exactly the bytes the caller would build."""
+        with self._lock:
+            chunk = self._chunks.get(key)
+            if chunk is not None:
+                self.hits += 1
+            return chunk
+
+    def put(self, key: tuple[int, int, bool, int, bool], chunk: Chunk) -> None:
+        with self._lock:
+            chunks = self._chunks
+            chunks[key] = chunk
+            if len(chunks) > self.limit:
+                del chunks[next(iter(chunks))]   # the oldest
+
+
 class CommitReader:
     """One reader per PullBinlogs stream, used from one (worker) thread at a time.
 
     Range mode (`commits` None): everything with commit_ts in (after, watermark], reopened at
     the then-served watermark after each exhaustion, so a caller that waits for new data and
     calls `next_chunk` again follows live. List mode: exactly the transactions committed at
-    `commits` (the schema preamble), once; `covered` stays `after`.
+    `commits` (the schema preamble), once; `covered` stays `after`. In range mode a chunk that
+    covers everything up to the watermark in one call is kept in `shared` (when given) and
+    taken from there by a reader at the same place.
     """
 
     def __init__(self, db: plyvel.DB, vlog: ValueLog, after: int,
-                 watermark: Callable[[], int], commits: Sequence[int] | None = None) -> None:
+                 watermark: Callable[[], int], commits: Sequence[int] | None = None,
+                 shared: SharedChunks | None = None) -> None:
         self._db = db
+        self._shared = shared if commits is None else None
         self._vlog = vlog
         self.after = after
         self._watermark = watermark
@@ -107,11 +143,24 @@ class CommitReader:
         small FAKE: the caller reads that one with the next call, from a worker thread."""
         self._max_bytes = max_bytes
         self._inline = inline
+        key = None
         if self._gen is None:
             if self._done:
                 return Chunk(b"", 0, self.after, True)
-            self._open(max_bytes)
-        assert self._gen is not None
+            shared = self._shared
+            if shared is None:
+                self._gen = self._chunks(self._entries(), max_bytes)
+            else:
+                wm = self._watermark()
+                if wm <= self.after:   # nothing new (a live reader woken early, or polling)
+                    self._opened_at = self.after
+                    return Chunk(b"", 0, self.after, True)
+                key = (self.after, wm, self.packed, max_bytes, inline)
+                chunk = shared.get(key)
+                if chunk is not None:
+                    self.after = self._opened_at = wm
+                    return chunk
+                self._gen = self._chunks(self._entries(wm), max_bytes)
         parts, metas, count, covered, exhausted = next(self._gen)
         if exhausted:
             self._gen = None
@@ -121,7 +170,11 @@ class CommitReader:
                 covered = max(covered, self._opened_at)
         if self._commits is None:
             self.after = covered
-        return Chunk(b"".join(parts), count, self.after, exhausted, b"".join(metas))
+        chunk = Chunk(b"".join(parts), count, self.after, exhausted, b"".join(metas))
+        if key is not None and exhausted:
+            assert self._shared is not None
+            self._shared.put(key, chunk)
+        return chunk
 
     def binlogs(self) -> Iterator[tuple[bytes, int, bool]]:
         """One lazy pass: (payload, commit_ts, ends a transaction) up to the watermark read
@@ -138,16 +191,16 @@ class CommitReader:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _open(self, max_bytes: int) -> None:
-        self._gen = self._chunks(self._entries(), max_bytes)
-
-    def _entries(self) -> Iterator[tuple[bytes, bytes]]:
+    def _entries(self, wm: int | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Index entries of the listed transactions, or of the range (after, wm] (wm: the
+        served watermark read now when not given)."""
         if self._commits is not None:
             self._opened_at = self.after
             keys = [ix.entry_key(ix.E, c, _COMMIT, 0) for c in sorted(set(self._commits))]
             return self._pinned(keys)
         # The range covers commit_ts <= the watermark read here: reporting it never over-claims.
-        wm = max(self.after, self._watermark())
+        if wm is None:
+            wm = max(self.after, self._watermark())
         self._opened_at = wm
         if wm <= self.after:
             return iter(())
@@ -192,21 +245,17 @@ class CommitReader:
         wlen = len(wbuf)
         inline = self._inline
         for key, val in entries:
-            if inline and _heavy(key, val, max_bytes):
-                # Too much to read on the event loop: hand back what is built (whole
-                # transactions only, as at any chunk boundary) and go on with this entry when
-                # called next.
+            # A chunk ends before this entry when it is full, or (`inline`) when the entry is
+            # too much to read on the event loop: the entry is read by the next call. Either
+            # way at a transaction boundary, so the chunk is described when all of it is whole.
+            while count and size >= max_bytes or inline and _heavy(key, val, max_bytes):
                 yield (parts, (([wire.packed_meta(cts, sts, ends, fakes, positioned)] if packed
                                 else metas) if whole else []), count, covered, False)
-                max_bytes = self._max_bytes
-                inline = self._inline
-                parts = []
-                append = parts.append
-                metas = []
-                mappend = metas.append
-                cts, sts, ends, fakes, positioned = [], [], [], [], []
+                parts, metas, cts, sts, ends, fakes, positioned = [], [], [], [], [], [], []
+                append, mappend = parts.append, metas.append
                 whole = True
                 size = count = end = 0
+                max_bytes, inline = self._max_bytes, self._inline  # the caller's, for this call
             if len(val) == commit_size:
                 seg, off, length, _, start_ts, pseg, poff, plen = unpack_commit(val)
                 p = poff - wstart
@@ -282,28 +331,14 @@ class CommitReader:
                         in_txn = 0
                     elif size >= max_bytes:   # a huge transaction: split, not yet covered
                         yield parts, [], count, covered, False
-                        max_bytes = self._max_bytes   # the caller may ask more now
-                        inline = self._inline
-                        parts = []
-                        append = parts.append
-                        del metas[:]
-                        cts, sts, ends, fakes, positioned = [], [], [], [], []
+                        parts, metas, cts, sts, ends, fakes, positioned = \
+                            [], [], [], [], [], [], []
+                        append, mappend = parts.append, metas.append
                         whole = False     # the next chunk starts inside this transaction
                         size = count = end = 0
+                        max_bytes, inline = self._max_bytes, self._inline
                 wseg, wstart, wbuf = self._w0
                 wlen = len(wbuf)
-            if size >= max_bytes:
-                yield (parts, (([wire.packed_meta(cts, sts, ends, fakes, positioned)] if packed
-                                else metas) if whole else []), count, covered, False)
-                max_bytes = self._max_bytes
-                inline = self._inline
-                parts = []
-                append = parts.append
-                metas = []
-                mappend = metas.append
-                cts, sts, ends, fakes, positioned = [], [], [], [], []
-                whole = True
-                size = count = end = 0
         yield (parts, (([wire.packed_meta(cts, sts, ends, fakes, positioned)] if packed
                         else metas) if whole else []), count, covered, True)
 

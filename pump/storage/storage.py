@@ -24,7 +24,7 @@ from . import index as ix
 from .committer import Committer, Kind, Req
 from .gc import GCStats
 from .options import StorageConfig, StorageOptions
-from .reader import CommitReader
+from .reader import CommitReader, SharedChunks
 from .records import NO_PRODUCER, ProducerState, TxnOutcome
 from .recovery import gc_apply, gc_plan, open_index, recover
 from .sorter import Sorter, UnresolvedTxn
@@ -43,6 +43,8 @@ class Storage:
         self._state = state
         self._stager = Stager(state)
         self._committer = Committer(state, self._stager)
+        # Whole-range chunks one reader built, for the other readers at the same place.
+        self._shared_chunks = SharedChunks()
 
     @property
     def data_dir(self) -> Path:
@@ -139,6 +141,16 @@ class Storage:
         short (e.g. `loop.call_soon_threadsafe(event.set)`)."""
         self._committer.listeners.append(callback)
 
+    def add_loop_listener(self, loop: asyncio.AbstractEventLoop,
+                          callback: Callable[[int], None]) -> None:
+        """`callback(served_watermark)` runs on `loop` after every durable group, right after
+        that group's acks to `loop` (one loop wakeup for both)."""
+        c = self._committer
+        # Copied, then swapped in whole: the committer thread reads the mapping unlocked.
+        listeners = dict(c.loop_listeners)
+        listeners[loop] = [*listeners.get(loop, ()), callback]
+        c.loop_listeners = listeners
+
     def stats(self) -> dict[str, Any]:
         state, c = self._state, self._committer
         s = dict(state.stats)
@@ -147,7 +159,8 @@ class Storage:
                  max_commit_ts=state.sorter.max_ts, gc_ts=state.gc_ts,
                  inflight_bytes=c.inflight_bytes, available_bytes=c.disk_free,
                  last_group_size=s["last_group_binlogs"],
-                 last_fsync_ms=s["fsync_last_seconds"] * 1000.0)
+                 last_fsync_ms=s["fsync_last_seconds"] * 1000.0,
+                 shared_chunk_hits=self._shared_chunks.hits)
         return s
 
     # -- writes --------------------------------------------------------------------------
@@ -282,7 +295,8 @@ class Storage:
         """A PullBinlogs reader of everything after `after_commit_ts`, following live
         (OUT_OF_RANGE below the GC ts). See pump/storage/reader.py."""
         self._check_readable(after_commit_ts)
-        return CommitReader(self._state.db, self._state.vlog, after_commit_ts, self._served_now)
+        return CommitReader(self._state.db, self._state.vlog, after_commit_ts, self._served_now,
+                            shared=self._shared_chunks)
 
     def schema_commits(self, after_commit_ts: int) -> list[int]:
         """commit_ts of the latest schema-bearing transaction of every table committed at or
