@@ -59,6 +59,23 @@ def proc_cpu(pid: int, system_only: bool = False) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread kind of process `pid`: the main thread (the event loop, gRPC's
+    callbacks included), the storage committer, worker threads (asyncio_*), all others."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm, rest = (task / "stat").read_text().split("(", 1)[1].rsplit(")", 1)
+        except (FileNotFoundError, ProcessLookupError):
+            continue   # the thread ended
+        fields = rest.split()
+        kind = ("loop" if task.name == str(pid) else "committer" if "committer" in comm
+                else "workers" if comm.startswith("asyncio") else "other")
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf(
+            "SC_CLK_TCK")
+    return out
+
+
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
@@ -181,6 +198,7 @@ class WritePhase:
     load: str            # load average at the start of the phase
     counts: list[int]    # binlogs each follower received
     msgs: list[int]      # responses each follower received
+    threads: dict[str, float]   # pump CPU seconds per thread kind during the phase
 
     @property
     def us_per_binlog(self) -> float:
@@ -202,17 +220,18 @@ def write_phase(addr: str, pid: int, args: argparse.Namespace) -> WritePhase:
                                   daemon=True) for k in range(args.followers)]
     for t in followers:
         t.start()
-    cpu0, sys0 = proc_cpu(pid), proc_cpu(pid, system_only=True)
+    cpu0, sys0, th0 = proc_cpu(pid), proc_cpu(pid, system_only=True), thread_cpu(pid)
     rate, lat, rpcs = asyncio.run(pump_run(addr, args.writers, args.seconds, args.group))
     cpu = proc_cpu(pid) - cpu0
     sys_cpu = proc_cpu(pid, system_only=True) - sys0
+    threads = {k: v - th0.get(k, 0.0) for k, v in thread_cpu(pid).items()}
     stop.set()
     for stream in streams:
         stream.cancel()
     for t in followers:
         t.join(timeout=30)
     return WritePhase(rate, lat, rpcs, cpu, sys_cpu, round(rate * args.seconds), load, counts,
-                      msgs)
+                      msgs, threads)
 
 
 def export_tree(rev: str, work: Path) -> Path:
@@ -251,18 +270,23 @@ def compare(args: argparse.Namespace, cluster: Cluster, work: Path) -> None:
             print(f"  {which} #{k}: {ph.rate:,.0f} binlogs/s, {ph.written / max(ph.rpcs, 1):.1f} "
                   f"per RPC; pump CPU {ph.us_per_binlog:.1f} µs per binlog "
                   f"({ph.sys_per_binlog:.1f} system), {2 * ph.us_per_binlog:.1f} µs per txn; "
-                  f"followers got {ph.counts} in {ph.msgs} responses (load {ph.load})",
+                  f"followers got {ph.counts} in {ph.msgs} responses (load {ph.load}); µs per "
+                  "binlog by thread: " + ", ".join(
+                      f"{k} {v / ph.written * 1e6:.1f}" for k, v in sorted(ph.threads.items())),
                   flush=True)
     med = {w: statistics.median(p.us_per_binlog for p in ps) for w, ps in runs.items()}
     med_sys = {w: statistics.median(p.sys_per_binlog for p in ps) for w, ps in runs.items()}
     med_rate = {w: statistics.median(p.rate for p in ps) for w, ps in runs.items()}
     today = datetime.date.today().isoformat()
-    print(f"\n| pump | µs CPU / binlog | of them system | µs CPU / txn | binlogs/s | "
-          f"loads |\n|---|---:|---:|---:|---:|---|")
+    kinds = ("loop", "committer", "workers", "other")
+    med_th = {w: {k: statistics.median(p.threads.get(k, 0.0) / p.written * 1e6 for p in ps)
+                  for k in kinds} for w, ps in runs.items()}
+    print(f"\n| pump | µs CPU / binlog | of them system | µs CPU / txn | by thread: "
+          f"{' / '.join(kinds)} | binlogs/s | loads |\n|---|---:|---:|---:|---|---:|---|")
     for w in ("old", "new"):
         print(f"| {w} ({rev if w == 'old' else 'this tree'}) | {med[w]:.1f} | {med_sys[w]:.1f} | "
-              f"{2 * med[w]:.1f} | {med_rate[w]:,.0f} | "
-              f"{'; '.join(p.load for p in runs[w])} |")
+              f"{2 * med[w]:.1f} | {' / '.join(f'{med_th[w][k]:.1f}' for k in kinds)} | "
+              f"{med_rate[w]:,.0f} | {'; '.join(p.load for p in runs[w])} |")
     print(f"\nnew / old CPU per binlog: {med['new'] / med['old']:.2f}x (medians of "
           f"{args.rounds}; {os.cpu_count()} cores, {today})")
 
