@@ -18,6 +18,8 @@
 //! `my_time_packed_from_binary`, `decimal2bin`; MariaDB `Field_*::unpack`.
 
 mod prewrite;
+mod txnjoin;
+mod causality;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
@@ -846,5 +848,11 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prewrite::prewrite_mutations, m)?)?;
     m.add("ColumnCountError", m.py().get_type::<prewrite::ColumnCountError>())?;
     m.add("DecimalTextError", m.py().get_type::<prewrite::DecimalTextError>())?;
+    // transaction envelopes (txnjoin.rs) and causality keys (causality.rs)
+    m.add_function(wrap_pyfunction!(txnjoin::unframe, m)?)?;
+    m.add_function(wrap_pyfunction!(txnjoin::join_framed, m)?)?;
+    m.add_function(wrap_pyfunction!(txnjoin::join_binlogs, m)?)?;
+    m.add("TxnError", m.py().get_type::<txnjoin::TxnError>())?;
+    m.add_class::<causality::KeyBuilder>()?;
     Ok(())
 }
