@@ -139,7 +139,7 @@ fn to_tuple<'py>(py: Python<'py>, keys: &[Key]) -> PyResult<Bound<'py, PyTuple>>
 }
 
 fn push_new(out: &mut Vec<Key>, k: Key) {
-    if !out.iter().any(|o| *o == k) {
+    if !out.contains(&k) {
         out.push(k);
     }
 }
