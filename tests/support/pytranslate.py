@@ -149,3 +149,32 @@ def _decode_other(d: pb.Datum, kind: str, i: int, shape: ApplyShape) -> Any:
     return sql_value(datum_to_python(d, shape.infos[i]), shape.data_types[i])
 
 
+
+
+class PyKeysTranslator(Translator):
+    """Translator.translate as it was before the native causality keys (native decode, Python
+    `row_keys`): the baseline of bench/drainer_apply.py's keys step."""
+
+    def translate(self, txn: Txn, schema: SchemaLookup) -> list[RowChange]:
+        from sluice.drainer.translator import (DELETE, INSERT, UPDATE, UPSERT, _DELETE, _INSERT,
+                                               _UPDATE, decode_mutation)
+        commit_ts = txn.commit_ts
+        snapshot_chunk, mutations = txn.mutations(schema)
+        out: list[RowChange] = []
+        append = out.append
+        insert_kind = UPSERT if snapshot_chunk else INSERT
+        for m in mutations:
+            shape = self.shape(m.info, m.schema, m.table)
+            for tp, before, after in decode_mutation(txn, m, shape):
+                if tp == _UPDATE:
+                    keys = row_keys(shape, before)
+                    for k in row_keys(shape, after):
+                        if k not in keys:
+                            keys.append(k)
+                    append(RowChange(UPDATE, shape, commit_ts, before, after, tuple(keys)))
+                elif tp == _DELETE:
+                    append(RowChange(DELETE, shape, commit_ts, before, None, tuple(row_keys(shape, before))))
+                else:
+                    append(RowChange(insert_kind if tp == _INSERT else UPSERT, shape, commit_ts,
+                                     None, after, tuple(dict.fromkeys(row_keys(shape, after)))))
+        return out
