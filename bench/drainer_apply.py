@@ -21,8 +21,9 @@ Lag: sink — from an apply() call to the first checkpoint() covering its last t
 transactions to its last COMMIT. p50/p99 over the chunks.
 
 Decode paths (issue 23): the sink runs once per --paths entry — `native` (Translator: the
-native Prewrite decode, native/src/prewrite.rs) and `python` (the former all-Python decode,
-tests/support/pytranslate.py) — so "CPU s Python" compares the drainer process as a whole.
+native Prewrite decode, native/src/prewrite.rs, and causality keys, native/src/causality.rs),
+`pykeys` (native decode, the former Python causality keys) and `python` (the former all-Python
+decode, tests/support/pytranslate.py) — so "CPU s Python" compares the drainer process as a whole.
 Before that, the decode + translate step alone on the same transactions, in this process:
 CPU µs per transaction and per row of the join (Txn.from_binlogs: the native txnjoin.rs vs the
 former Python join, tests/support/pyjoin.py), of the all-Python translate path, of the native
@@ -118,6 +119,8 @@ def sink(server: MariaDBServer, txns: list[Txn], history, args: argparse.Namespa
         s = MySQLSink(cfg, history, epoch=1, name="bench")
         if path == "python":
             s._translator = PyTranslator()
+        elif path == "pykeys":
+            s._translator = PyKeysTranslator()
         await s.open(Checkpoint(0))
         calls: list[tuple[float, int]] = []     # (apply() called, its last commit_ts)
         covered: dict[int, float] = {}
@@ -241,7 +244,8 @@ def main() -> None:
     ap.add_argument("--durable", action="store_true")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--paths", default="native,python",
-                    help="decode paths of the sink side: native (today), python (the former one)")
+                    help="decode paths of the sink side: native (today), pykeys (native decode, the former "
+                         "Python causality keys), python (the former all-Python decode)")
     ap.add_argument("--decode-repeat", type=int, default=5)
     ap.add_argument("--decode-only", action="store_true", help="only the decode + translate step")
     args = ap.parse_args()
