@@ -1,16 +1,16 @@
 """The drainer's read path, per transaction: what a PumpReader does with a packed PullBinlogs
 response (upb parse + PumpReader._response_packed: array checks, slices, merge tuples), then what
 the drainer does per merged transaction before a decoding sink (the MySQL sink) sees it —
-unframe + join + prewrite parse (Txn.from_framed) — and `unframe` alone (what the Spark sink's
-helpers call per transaction).
+unframe + join + prewrite parse (Txn.from_framed) — and `unframe` alone.
 
 Old vs new in one invocation, alternating per round: `old` is the former all-Python join
 (tests/support/pyjoin.py: upb Binlog messages per binlog), `new` the native one
-(native/src/txnjoin.rs). The packed read step is the same code on both sides and is reported
-once, as the share of the whole read path it is.
+(native/src/txnjoin.rs). In the packed read step, old means positioned COMMITs were unframed and
+parsed as upb Binlogs; new reads them with `commit_position`. A capture producer positions every
+transaction: --positioned 1 (the default) is the real case.
 
 Transactions: --prewrite-bytes of prewrite value each (one part; every --multi-th in 3 parts),
-a COMMIT with a producer position on every --positioned-th; --per-response transactions per
+a COMMIT with a producer position on every --positioned-th (0: none); --per-response transactions per
 response (a FAKE each 64), like a pump's. CPU µs per transaction (process_time, gc off), the
 median of --rounds, with the load average (1 min) beside every number: the machine is shared.
 
@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sluice.core.wire import frame_head, packed_meta  # noqa: E402
+from sluice.drainer import reader as reader_mod  # noqa: E402
 from sluice.drainer.reader import PumpReader  # noqa: E402
 from sluice.drainer.txn import Txn, unframe  # noqa: E402
 from sluice.proto import sluice_pb2 as pb  # noqa: E402
@@ -114,7 +115,7 @@ def main() -> None:
     ap.add_argument("--txns", type=int, default=20000)
     ap.add_argument("--per-response", type=int, default=256)
     ap.add_argument("--prewrite-bytes", type=int, default=300)
-    ap.add_argument("--positioned", type=int, default=50)
+    ap.add_argument("--positioned", type=int, default=1)
     ap.add_argument("--multi", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
@@ -128,15 +129,27 @@ def main() -> None:
             r._response_packed(raw, resp_from(raw))
         return sink.items
 
+    native_commit, native_position = reader_mod._commit_position, reader_mod._position
+
+    def read_old() -> list[tuple]:
+        # The former look at positioned entries: unframe + a upb Binlog per COMMIT.
+        reader_mod._commit_position, reader_mod._position = pyjoin.py_commit_position, lambda p: p
+        try:
+            return read()
+        finally:
+            reader_mod._commit_position, reader_mod._position = native_commit, native_position
+
     items = read()
     assert len(items) == a.txns, (len(items), a.txns)
+    assert read_old() == items
     payloads = [(it[5], it[2], it[0]) for it in items]
     # Both joins give equal transactions (the bench measures the same work).
     for p, src, ct in payloads[:: max(1, len(payloads) // 500)]:
         assert Txn.from_framed(p, src, ct) == pyjoin.py_from_framed(p, src, ct)
 
     steps = {
-        "read": lambda: read(),
+        "read old": read_old,
+        "read new": read,
         "join old": lambda: [pyjoin.py_from_framed(p, s, c) for p, s, c in payloads],
         "join new": lambda: [Txn.from_framed(p, s, c) for p, s, c in payloads],
         "unframe old": lambda: [pyjoin.py_unframe(p, s, c) for p, s, c in payloads],
@@ -153,14 +166,14 @@ def main() -> None:
           f"{a.prewrite_bytes} B prewrite values, rounds {a.rounds}, load avg (1 min) "
           f"{min(loads):.1f}..{max(loads):.1f} (per round: {' '.join(f'{x:.1f}' for x in loads)})")
     print("CPU µs per transaction (median of rounds):")
-    print(f"  packed response -> merge tuples (upb parse + _response_packed): {med['read']:.2f}")
-    for step in ("join", "unframe"):
+    for step in ("read", "join", "unframe"):
         old, new = med[f"{step} old"], med[f"{step} new"]
-        label = {"join": "unframe + join + prewrite parse (syncer, MySQL sink)",
+        label = {"read": "packed response -> merge tuples (upb parse + PumpReader._response_packed)",
+                 "join": "unframe + join + prewrite parse (syncer, MySQL sink)",
                  "unframe": "unframe alone (Spark sink helpers)"}[step]
         print(f"  {label}: old {old:.2f}  new {new:.2f}  -> {old / new:.2f}x")
-    old_total = med["read"] + med["join old"]
-    new_total = med["read"] + med["join new"]
+    old_total = med["read old"] + med["join old"]
+    new_total = med["read new"] + med["join new"]
     print(f"  read path total (read + join): old {old_total:.2f}  new {new_total:.2f}  -> "
           f"{old_total / new_total:.2f}x")
 

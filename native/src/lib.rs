@@ -855,6 +855,7 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(txnjoin::unframe, m)?)?;
     m.add_function(wrap_pyfunction!(txnjoin::join_framed, m)?)?;
     m.add_function(wrap_pyfunction!(txnjoin::join_binlogs, m)?)?;
+    m.add_function(wrap_pyfunction!(txnjoin::commit_position, m)?)?;
     m.add("TxnError", m.py().get_type::<txnjoin::TxnError>())?;
     m.add_class::<causality::KeyBuilder>()?;
     Ok(())

@@ -5,6 +5,8 @@
 //! differential oracle.
 //!
 //! - `unframe(framed) -> [bytes, ...]`: the binlogs, in order.
+//! - `commit_position(framed) -> (producer_id, position bytes or None)` of the last binlog (the
+//!   COMMIT): the reader's look at a packed entry marked as positioned.
 //! - `join_framed(framed, commit_ts)` / `join_binlogs(prewrite_parts, commit)` -> `(start_ts,
 //!   commit_ts, producer_id, position, snapshot, prewrite_value, part_count, binlogs)`: the
 //!   COMMIT (the last framed binlog) joined with its PREWRITE part(s) in part order. `position`
@@ -289,4 +291,16 @@ pub fn join_framed(py: Python<'_>, framed: &[u8], commit_ts: Option<i64>) -> PyR
 pub fn join_binlogs<'py>(py: Python<'py>, prewrite_parts: Vec<Bound<'py, PyBytes>>, commit: &[u8]) -> PyResult<Joined> {
     let parts: Vec<&[u8]> = prewrite_parts.iter().map(|v| v.as_bytes()).collect();
     join(py, &parts, commit, parts.len() + 1)
+}
+
+/// The producer and serialized position (None without one) of a framed transaction's last
+/// binlog, its COMMIT: what the reader needs of a packed entry the pump marks as positioned.
+#[pyfunction]
+pub fn commit_position<'py>(py: Python<'py>, framed: &[u8]) -> PyResult<(String, Option<Bound<'py, PyBytes>>)> {
+    let binlogs = split(framed).map_err(PyValueError::new_err)?;
+    let Some(last) = binlogs.last() else {
+        return Err(PyValueError::new_err("a transaction without binlogs"));
+    };
+    let c = parse_binlog(last).map_err(PyValueError::new_err)?;
+    Ok((c.producer_id.to_owned(), c.position.map(|v| PyBytes::new(py, &v))))
 }

@@ -93,3 +93,12 @@ def _name(tp: int) -> str:
         return pb.BinlogType.Name(tp)
     except ValueError:
         return f"type {tp}"
+
+
+def py_commit_position(framed: bytes) -> tuple[str, pb.Position | None]:
+    """The reader's former look at a positioned packed entry: unframe, parse the COMMIT, its
+    producer and position (as a message) when it has one."""
+    c = pb.Binlog.FromString(py_unframe(framed)[-1])
+    if c.HasField("position"):
+        return c.producer_id, c.position
+    return c.producer_id, None

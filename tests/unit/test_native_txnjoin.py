@@ -230,3 +230,35 @@ def test_mutated_transactions_join_or_refuse_as_the_python_join_did(seed):
     ok, bad = (got, want) if got[0] == "ok" else (want, got)
     assert "undecodable" in bad[1][3], (got, want)
     assert outcome(Txn._joined, ok[1], "p")[0] in ("ok", "corrupt")
+
+
+def test_commit_position_reads_the_commit_as_the_python_reader_did():
+    """The reader's look at a positioned packed entry: the COMMIT's producer and position."""
+    raw = value(2)
+    for commit in (commit_of(5, 9, producer_id="cap", position=POS), commit_of(5, 9, producer_id="cap"),
+                   commit_of(5, 9, position=pb.Position()),
+                   commit_of(5, 9, position=POS) + pb.Binlog(position=pb.Position(offset=1)).SerializeToString()):
+        framed = frame([*parts_of(raw, 5, 2), commit])
+        producer, pos = sluice_native.commit_position(framed)
+        want_producer, want_pos = pyjoin.py_commit_position(framed)
+        assert producer == want_producer
+        assert (None if pos is None else pb.Position.FromString(pos)) == want_pos
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1))
+def test_commit_position_of_malformed_bytes_is_a_value_error_or_the_python_answer(seed):
+    """Malformed entries are refused (ValueError: the reader's "undecodable commit binlog"),
+    never a crash; whenever both read one, they agree."""
+    rnd = random.Random(seed)
+    framed = mutate(frame([*parts_of(value(1), 5, 1), commit_of(5, 9, producer_id="c", position=POS)]), rnd)
+    try:
+        got = sluice_native.commit_position(framed)
+    except ValueError:
+        return
+    try:
+        want = pyjoin.py_commit_position(framed)
+    except Exception:  # noqa: BLE001 - the former reader refused it (DecodeError / CorruptTxn)
+        return
+    assert got[0] == want[0]
+    assert (None if got[1] is None else pb.Position.FromString(got[1])) == want[1]
