@@ -170,7 +170,7 @@ def main() -> None:
         old, new = med[f"{step} old"], med[f"{step} new"]
         label = {"read": "packed response -> merge tuples (upb parse + PumpReader._response_packed)",
                  "join": "unframe + join + prewrite parse (syncer, MySQL sink)",
-                 "unframe": "unframe alone (Spark sink helpers)"}[step]
+                 "unframe": "unframe alone"}[step]
         print(f"  {label}: old {old:.2f}  new {new:.2f}  -> {old / new:.2f}x")
     old_total = med["read old"] + med["join old"]
     new_total = med["read new"] + med["join new"]
