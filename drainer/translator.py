@@ -15,7 +15,9 @@ statements scan the table, locking every row they pass: two workers on it would 
 in keys is folded (case, trailing spaces,
 accents) because a case/accent-insensitive unique index treats 'Abc' and 'abc ' as the same
 value downstream: folding only merges keys, which can cost an extra flush, never a missed
-conflict.
+conflict. The keys are built natively (ApplyShape.keys, native/src/causality.rs); `fold` below
+is the folding rule, which the native code applies itself to ints, ASCII text and bytes and calls
+for every other value.
 """
 from __future__ import annotations
 
