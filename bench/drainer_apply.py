@@ -21,12 +21,15 @@ Lag: sink — from an apply() call to the first checkpoint() covering its last t
 transactions to its last COMMIT. p50/p99 over the chunks.
 
 Decode paths (issue 23): the sink runs once per --paths entry — `native` (Translator: the
-native Prewrite decode, native/src/prewrite.rs) and `python` (the former all-Python decode,
-tests/support/pytranslate.py) — so "CPU s Python" compares the drainer process as a whole.
+native Prewrite decode, native/src/prewrite.rs, and causality keys, native/src/causality.rs),
+`pykeys` (native decode, the former Python causality keys) and `python` (the former all-Python
+decode, tests/support/pytranslate.py) — so "CPU s Python" compares the drainer process as a whole.
 Before that, the decode + translate step alone on the same transactions, in this process:
-CPU µs per transaction and per row of Txn.from_binlogs (join + upb parse, shared by both
-paths), of the Python path and of the native path (process_time, gc off, the paths alternate,
-best of --decode-repeat).
+CPU µs per transaction and per row of the join (Txn.from_binlogs: the native txnjoin.rs vs the
+former Python join, tests/support/pyjoin.py), of the all-Python translate path, of the native
+decode with the former Python causality keys (PyKeysTranslator) and of the native decode with
+the native keys (causality.rs) — process_time, gc off, every step once per round so old and new
+alternate, the median of --decode-repeat rounds, the load average of each round printed.
 
 Wall-clock times; the sides alternate per repeat and the median is reported. The machine is
 shared: the load average is printed with the results; compare ratios within one run only.
@@ -59,7 +62,8 @@ from sluice.drainer.sql import row_sql  # noqa: E402
 from sluice.drainer.translator import Translator  # noqa: E402
 from sluice.drainer.txn import Txn  # noqa: E402
 from tests.support.mariadb import MariaDBServer  # noqa: E402
-from tests.support.pytranslate import PyTranslator  # noqa: E402
+from tests.support import pyjoin  # noqa: E402
+from tests.support.pytranslate import PyKeysTranslator, PyTranslator  # noqa: E402
 from tests.support.rows import RandomWorkload, create_sql, fetch_rows, history_of  # noqa: E402
 
 
@@ -115,6 +119,8 @@ def sink(server: MariaDBServer, txns: list[Txn], history, args: argparse.Namespa
         s = MySQLSink(cfg, history, epoch=1, name="bench")
         if path == "python":
             s._translator = PyTranslator()
+        elif path == "pykeys":
+            s._translator = PyKeysTranslator()
         await s.open(Checkpoint(0))
         calls: list[tuple[float, int]] = []     # (apply() called, its last commit_ts)
         covered: dict[int, float] = {}
@@ -156,46 +162,55 @@ def decode_stage(wl: RandomWorkload, txns: list[Txn], history, repeat: int) -> s
     raw = [binlogs(t.prewrite, t.start_ts, t.commit_ts) for t in txns]
     data = txns[1:]
     rows = sum(len(m.changes) for t in data for m in t.prewrite.mutations)
-    best: dict[str, float] = {}
+    samples: dict[str, list[float]] = {}
 
     def run(name: str, fn) -> None:
         gc.disable()
         try:
             t0 = time.process_time()
             fn()
-            best[name] = min(best.get(name, float("inf")), time.process_time() - t0)
+            samples.setdefault(name, []).append(time.process_time() - t0)
         finally:
             gc.enable()
 
-    def native() -> None:
-        tr = Translator()
-        for t in data:
-            tr.translate(t, history)
+    def translate(cls):
+        def go() -> None:
+            tr = cls()
+            for t in data:
+                tr.translate(t, history)
+        return go
 
-    def python() -> None:
-        tr = PyTranslator()
-        for t in data:
-            tr.translate(t, history)
+    def join(fn):
+        def go() -> None:
+            for p, c in raw[1:]:
+                fn(p, c, "bench")
+        return go
 
-    def join() -> None:
-        for p, c in raw[1:]:
-            Txn.from_binlogs(p, c, "bench")
+    def py_join(p, c, pump):
+        return Txn._joined(pyjoin.py_join(p, c, pump), pump)
 
-    load0 = os.getloadavg()[0]
-    for _ in range(repeat):
-        run("python", python)
-        run("native", native)
-        run("from_binlogs", join)
-    load1 = os.getloadavg()[0]
+    loads = []
+    for _ in range(repeat):   # every step once per round: old and new alternate
+        run("python", translate(PyTranslator))
+        run("pykeys", translate(PyKeysTranslator))
+        run("native", translate(Translator))
+        run("join_old", join(py_join))
+        run("from_binlogs", join(Txn.from_binlogs))
+        loads.append(os.getloadavg()[0])
+    best = {k: statistics.median(v) for k, v in samples.items()}
     n = len(data)
-    out = [f"## decode + translate step: {n} transactions, {rows} row changes, best of {repeat}; "
-           f"load average {load0:.1f} at start, {load1:.1f} at end",
-           "| step | CPU µs/txn | CPU µs/row | ratio vs python path |", "|---|---|---|---|"]
-    for name, label in (("from_binlogs", "Txn.from_binlogs (join + upb parse; both paths)"),
-                        ("python", "translate: Python path (before)"),
-                        ("native", "translate: native path (after)")):
+    out = [f"## decode + translate step: {n} transactions, {rows} row changes, median of {repeat} "
+           f"alternating rounds; load average (1 min) per round: "
+           + " ".join(f"{x:.1f}" for x in loads),
+           "| step | CPU µs/txn | CPU µs/row | ratio |", "|---|---|---|---|"]
+    for name, label, base in (
+            ("join_old", "join: Python (before issue 23's txnjoin.rs)", None),
+            ("from_binlogs", "join: native txnjoin.rs + upb prewrite parse (after)", "join_old"),
+            ("python", "translate: all-Python path", None),
+            ("pykeys", "translate: native decode, Python causality keys (before)", "python"),
+            ("native", "translate: native decode, native causality keys (after)", "pykeys")):
         v = best[name]
-        ratio = f"{best['python'] / v:.2f}x" if name != "from_binlogs" else ""
+        ratio = f"{best[base] / v:.2f}x vs the row above" if base else ""
         out.append(f"| {label} | {v / n * 1e6:.1f} | {v / rows * 1e6:.2f} | {ratio} |")
     return "\n".join(out)
 
@@ -229,7 +244,8 @@ def main() -> None:
     ap.add_argument("--durable", action="store_true")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--paths", default="native,python",
-                    help="decode paths of the sink side: native (today), python (the former one)")
+                    help="decode paths of the sink side: native (today), pykeys (native decode, the former "
+                         "Python causality keys), python (the former all-Python decode)")
     ap.add_argument("--decode-repeat", type=int, default=5)
     ap.add_argument("--decode-only", action="store_true", help="only the decode + translate step")
     args = ap.parse_args()

@@ -14,7 +14,8 @@ metadata (PullBinlogsReq.packed_meta) and builds the merge tuples from a few arr
 commit_ts, start_ts and each transaction's byte range in the serialized response, which it
 slices out still framed as field 1 (`binlogs`), the form the merge carries and the grpc sink
 forwards (drainer.txn.frame / unframe). Only COMMITs the pump marks as possibly carrying a
-producer position are decoded, for the position filter. A pump older than packed_meta sends
+producer position are looked at (natively: their producer and position, for the position
+filter). A pump older than packed_meta sends
 TxnMeta envelopes (PullBinlogsResp.txns) instead, read one message per transaction. Without
 either (a response holding a piece of a split huge transaction) the binlog envelopes are decoded
 (type, ts, producer, position). Either way transaction values
@@ -36,12 +37,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
+import sluice_native
 from google.protobuf.message import DecodeError
 
 from sluice.core import errors, failpoint, grpcutil, wire
 from sluice.core.tls import SecurityConfig
 from sluice.drainer.merger import Merger
-from sluice.drainer.txn import CorruptTxn, Txn, frame, unframe
+from sluice.drainer.txn import CorruptTxn, Txn, frame
 from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,9 @@ _PREWRITE, _COMMIT, _FAKE, _ROLLBACK = pb.PREWRITE, pb.COMMIT, pb.FAKE, pb.ROLLB
 _from_string = pb.Binlog.FromString
 _position = pb.Position.FromString
 _resp_from = pb.PullBinlogsResp.FromString
+# (producer_id, serialized position or None) of a framed transaction's COMMIT, from the wire
+# bytes (native/src/txnjoin.rs): every COMMIT a producer positions goes through it.
+_commit_position = sluice_native.commit_position
 _PULL = "/sluice.v1.Pump/PullBinlogs"
 _FRAMES = bytes((wire.FRAME_TAG,))
 
@@ -243,14 +248,15 @@ class PumpReader:
                     if ct > top:
                         top = ct
                     continue
-                producer, pos = "", None
                 try:
-                    c = _from_string(unframe(blobs[i - k], pump_id, ct)[-1])
-                except (DecodeError, CorruptTxn) as e:
+                    producer, pos = _commit_position(blobs[i - k])
+                    if pos is None:
+                        producer = ""
+                    else:
+                        pos = _position(pos)
+                except (DecodeError, ValueError) as e:
                     self._corrupt(sts[i], ct, f"undecodable commit binlog: {e}")
                     continue
-                if c.HasField("position"):
-                    producer, pos = c.producer_id, c.position
                 items.append((ct, sts[i], pump_id, producer, pos, blobs[i - k], False))
             if lo < n:
                 items += zip(cts[lo:], sts[lo:], repeat(pump_id), repeat(""), repeat(None),

@@ -26,7 +26,7 @@ from sluice.drainer.metrics import DrainerMetrics
 from sluice.drainer.node_state import Node
 from sluice.drainer.pumps import Pumps
 from sluice.drainer.sink import BackgroundSink, RawSink, ServingSink, Sink, SinkCheckpoint
-from sluice.drainer.txn import CorruptTxn, SchemaHistory, Txn, unframe
+from sluice.drainer.txn import CorruptTxn, SchemaHistory, Txn
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +253,7 @@ class Syncer:
             nfiltered = 0
             for it in items:
                 try:
-                    payload = unframe(it[_PAYLOAD], it[_SOURCE], it[_CT])
-                    txn = Txn.from_binlogs(payload[:-1], payload[-1], it[_SOURCE])
+                    txn, nb = Txn.from_framed(it[_PAYLOAD], it[_SOURCE], it[_CT])
                 except CorruptTxn as e:
                     if self.config.skip_corrupt:
                         self.metrics.on_reader_event(it[_SOURCE], "skipped")
@@ -266,7 +265,7 @@ class Syncer:
                 if pv.schema_snapshots or pv.HasField("ddl"):
                     schema.apply(txn)
                 applied.append(it)
-                nbin += len(payload)
+                nbin += nb
                 if filt is not None:
                     # After the schema effects: a table filtered today still decodes tomorrow.
                     kept = filt.filter(txn)

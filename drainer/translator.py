@@ -15,14 +15,15 @@ statements scan the table, locking every row they pass: two workers on it would 
 in keys is folded (case, trailing spaces,
 accents) because a case/accent-insensitive unique index treats 'Abc' and 'abc ' as the same
 value downstream: folding only merges keys, which can cost an extra flush, never a missed
-conflict.
+conflict. The keys are built natively (ApplyShape.keys, native/src/causality.rs); `fold` below
+is the folding rule, which the native code applies itself to ints, ASCII text and bytes and calls
+for every other value.
 """
 from __future__ import annotations
 
 import dataclasses
 import decimal
 import unicodedata
-from collections.abc import Sequence
 from typing import Any
 
 import sluice_native
@@ -70,6 +71,7 @@ class ApplyShape:
     bit_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
     date_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
     decoder: sluice_native.MutationDecoder = dataclasses.field(init=False, compare=False, repr=False)
+    keys: sluice_native.KeyBuilder = dataclasses.field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         qualified = f"{self.schema}.{self.table}"
@@ -82,6 +84,10 @@ class ApplyShape:
         set_(self, "bit_columns", frozenset(i for i, t in enumerate(self.data_types) if t == "bit"))
         set_(self, "date_columns", frozenset(i for i, t in enumerate(self.data_types) if t in _DATE_TYPES))
         set_(self, "decoder", _decoder(self))
+        # Causality keys natively (native/src/causality.rs), the rule of the module docstring;
+        # the values it does not fold itself (non-ASCII text above all) go to `fold`.
+        set_(self, "keys", sluice_native.KeyBuilder(list(self.key_specs), self.has_identity,
+                                                    qualified, fold))
 
 
 # Not frozen (like txn.RowEvent): a frozen dataclass's __init__ costs ~1 us more per row, and
@@ -199,30 +205,6 @@ def fold(v: Any) -> str:
     return "t" + str(v)
 
 
-def row_keys(shape: ApplyShape, values: Sequence[Any]) -> list[str]:
-    prefix = shape.qualified
-    if shape.has_identity or shape.unique:
-        out = []
-        for key_prefix, cols, primary in shape.key_specs:
-            if len(cols) == 1:
-                v = values[cols[0]]
-                if v is None and not primary:
-                    continue
-                out.append(key_prefix + fold(v))
-                continue
-            vals = [values[i] for i in cols]
-            if not primary and None in vals:
-                continue
-            out.append(key_prefix + "\x00".join([fold(v) for v in vals]))
-        if shape.has_identity:
-            return out
-    # No row identity: the full image is the only thing that names the row. The table key comes
-    # first (routing hashes the first key): statements on such a table scan it and lock every
-    # row they pass, so two workers on one keyless table would deadlock each other.
-    full = f"{prefix}\x00*\x00" + "\x00".join("N" if v is None else fold(v) for v in values)
-    return [f"{prefix}\x00**", full]
-
-
 # --------------------------------------------------------------------------------------------
 # Translation
 # --------------------------------------------------------------------------------------------
@@ -259,16 +241,14 @@ class Translator:
         insert_kind = UPSERT if snapshot_chunk else INSERT
         for m in mutations:
             shape = self.shape(m.info, m.schema, m.table)
+            keys = shape.keys
             for tp, before, after in decode_mutation(txn, m, shape):
                 if tp == _UPDATE:
-                    keys = row_keys(shape, before)
-                    for k in row_keys(shape, after):
-                        if k not in keys:
-                            keys.append(k)
-                    append(RowChange(UPDATE, shape, commit_ts, before, after, tuple(keys)))
+                    append(RowChange(UPDATE, shape, commit_ts, before, after,
+                                     keys.update_keys(before, after)))
                 elif tp == _DELETE:
-                    append(RowChange(DELETE, shape, commit_ts, before, None, tuple(row_keys(shape, before))))
+                    append(RowChange(DELETE, shape, commit_ts, before, None, keys.keys(before)))
                 else:
                     append(RowChange(insert_kind if tp == _INSERT else UPSERT, shape, commit_ts,
-                                     None, after, tuple(dict.fromkeys(row_keys(shape, after)))))
+                                     None, after, keys.insert_keys(after)))
         return out

@@ -37,7 +37,6 @@ class CorruptTxn(SluiceError):
 
 
 _FRAMES = pb.DrainerPullResp
-_frames_from = pb.DrainerPullResp.FromString
 
 
 def frame(binlogs: list[bytes]) -> bytes:
@@ -50,8 +49,8 @@ def frame(binlogs: list[bytes]) -> bytes:
 def unframe(framed: bytes, pump_id: str = "", commit_ts: int | None = None) -> list[bytes]:
     """The binlogs of `frame`'s output (prewrite part(s), then the COMMIT)."""
     try:
-        binlogs = list(_frames_from(framed).binlogs)
-    except DecodeError as e:
+        binlogs = sluice_native.unframe(framed)
+    except ValueError as e:
         raise CorruptTxn(pump_id, None, commit_ts, f"unframable binlogs: {e}") from None
     if not binlogs:
         raise CorruptTxn(pump_id, None, commit_ts, "a transaction without binlogs")
@@ -225,64 +224,48 @@ class Txn:
     @classmethod
     def from_binlogs(cls, prewrite_parts: list[bytes], commit: bytes, pump_id: str) -> Txn:
         """Join a COMMIT binlog with its PREWRITE part(s) (any order) into one transaction."""
-        c = pb.Binlog()
         try:
-            c.ParseFromString(commit)
-        except DecodeError as e:
-            raise CorruptTxn(pump_id, None, None, f"undecodable commit binlog: {e}") from None
-        start_ts, commit_ts = c.start_ts, c.commit_ts
-        if c.tp != pb.COMMIT:
-            raise CorruptTxn(pump_id, start_ts, commit_ts,
-                             f"expected a COMMIT binlog, got {pb.BinlogType.Name(c.tp)}")
-        if not prewrite_parts:
-            raise CorruptTxn(pump_id, start_ts, commit_ts, "no prewrite binlog")
-        parts: dict[int, pb.Binlog] = {}
-        count = 0
-        for i, raw in enumerate(prewrite_parts):
-            p = pb.Binlog()
-            try:
-                p.ParseFromString(raw)
-            except DecodeError as e:
-                raise CorruptTxn(pump_id, start_ts, commit_ts,
-                                 f"undecodable prewrite binlog #{i}: {e}") from None
-            if p.tp != pb.PREWRITE or p.start_ts != start_ts:
-                raise CorruptTxn(pump_id, start_ts, commit_ts,
-                                 f"binlog #{i} is {pb.BinlogType.Name(p.tp)} start_ts {p.start_ts}, "
-                                 f"not a prewrite of this transaction")
-            n = max(1, p.part_count)
-            if count and n != count:
-                raise CorruptTxn(pump_id, start_ts, commit_ts,
-                                 f"prewrite parts disagree on part_count ({count} vs {n})")
-            count = n
-            if p.part_no >= n:
-                raise CorruptTxn(pump_id, start_ts, commit_ts,
-                                 f"prewrite part_no {p.part_no} >= part_count {n}")
-            seen = parts.get(p.part_no)
-            if seen is not None and seen.prewrite_value != p.prewrite_value:
-                raise CorruptTxn(pump_id, start_ts, commit_ts,
-                                 f"two different prewrite parts numbered {p.part_no}")
-            parts[p.part_no] = p
-        missing = [i for i in range(count) if i not in parts]
-        if missing:
-            raise CorruptTxn(pump_id, start_ts, commit_ts,
-                             f"missing prewrite part(s) {missing} of {count}")
-        ordered = [parts[i] for i in range(count)]
-        value = pb.PrewriteValue()
-        joined = ordered[0].prewrite_value if count == 1 else b"".join(p.prewrite_value for p in ordered)
+            joined = sluice_native.join_binlogs(prewrite_parts, commit)
+        except sluice_native.TxnError as e:
+            raise CorruptTxn(pump_id, *e.args) from None
+        return cls._joined(joined, pump_id)
+
+    @classmethod
+    def from_framed(cls, framed: bytes, pump_id: str, commit_ts: int | None = None
+                    ) -> tuple[Txn, int]:
+        """(the transaction, its number of binlogs) from `frame`'s output as the merge carries
+        it (prewrite part(s), then the COMMIT): `unframe` and `from_binlogs` in one native pass
+        (native/src/txnjoin.rs: the envelopes are read from the wire, no message per binlog).
+        commit_ts (the merge's) names a transaction whose frame cannot be read."""
         try:
-            value.ParseFromString(joined)
+            joined = sluice_native.join_framed(framed, commit_ts)
+        except sluice_native.TxnError as e:
+            raise CorruptTxn(pump_id, *e.args) from None
+        return cls._joined(joined, pump_id), joined[7]
+
+    @classmethod
+    def _joined(cls, joined: tuple, pump_id: str) -> Txn:
+        """A Txn from join_binlogs/join_framed's envelope fields: the prewrite value and the
+        position/snapshot sub-messages are parsed here (upb), undecodable ones are CorruptTxn."""
+        start_ts, commit_ts, producer_id, pos, snap, payload, count, _ = joined
+        try:
+            value = _prewrite_from(payload)
         except DecodeError as e:
             raise CorruptTxn(pump_id, start_ts, commit_ts,
                              f"undecodable prewrite value ({count} part(s)): {e}") from None
-        first = ordered[0]
-        position = (c.position if c.HasField("position")
-                    else first.position if first.HasField("position") else None)
-        snapshot = (c.snapshot if c.HasField("snapshot")
-                    else first.snapshot if first.HasField("snapshot") else None)
-        return cls(commit_ts=commit_ts, start_ts=start_ts,
-                   producer_id=c.producer_id or first.producer_id, position=position,
-                   prewrite=value, snapshot=snapshot, pump_id=pump_id, payload=joined,
-                   payload_of=value)
+        try:
+            position = None if pos is None else _position_from(pos)
+            snapshot = None if snap is None else _snapshot_from(snap)
+        except DecodeError as e:
+            raise CorruptTxn(pump_id, start_ts, commit_ts,
+                             f"undecodable position or snapshot of a binlog: {e}") from None
+        return cls(commit_ts, start_ts, producer_id, position, value, snapshot, pump_id, payload,
+                   value)
+
+
+_prewrite_from = pb.PrewriteValue.FromString
+_position_from = pb.Position.FromString
+_snapshot_from = pb.SnapshotProgress.FromString
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@
 //! `my_time_packed_from_binary`, `decimal2bin`; MariaDB `Field_*::unpack`.
 
 mod prewrite;
+mod txnjoin;
+mod causality;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
@@ -231,6 +233,8 @@ struct RowDecoder {
 
 impl RowDecoder {
     /// One non-NULL value at the cursor -> the Datum's bytes (its oneof field) appended to `out`.
+    // The buffers are the caller's, reused for every value of a batch (no allocation per row).
+    #[allow(clippy::too_many_arguments)]
     fn value(&self, py: Python<'_>, i: usize, cur: &mut Cursor<'_>, body: &Bound<'_, PyBytes>,
              out: &mut Vec<u8>, scratch: &mut Vec<u8>, sub: &mut Vec<u8>) -> PyResult<()> {
         let name = &self.names[i];
@@ -486,6 +490,7 @@ impl RowDecoder {
     }
 
     /// One row image (null bitmap + values) -> `Row` message bytes in `row`.
+    #[allow(clippy::too_many_arguments)] // reused buffers, as in `value`
     fn row(&self, py: Python<'_>, cur: &mut Cursor<'_>, body: &Bound<'_, PyBytes>, row: &mut Vec<u8>,
            datum: &mut Vec<u8>, scratch: &mut Vec<u8>, sub: &mut Vec<u8>) -> PyResult<()> {
         let n = self.cols.len();
@@ -561,7 +566,7 @@ impl RowDecoder {
                     if fsp > 6 {
                         return Err(PyValueError::new_err(format!("column {name}: fractional precision {fsp}")));
                     }
-                    let fbytes = (fsp + 1) / 2;
+                    let fbytes = fsp.div_ceil(2);
                     let mul = [1u64, 10_000, 100, 1][fbytes];
                     match kind.as_str() {
                         "datetime2" => Col::DateTime2 { fbytes, mul },
@@ -609,7 +614,7 @@ impl RowDecoder {
                         Col::Set { size, members }
                     }
                 }
-                "bit" => Col::Bit { nbytes: (spec_usize(t, 2)? + 7) / 8 },
+                "bit" => Col::Bit { nbytes: spec_usize(t, 2)?.div_ceil(8) },
                 "py" => Col::Py(t.get_item(2)?.unbind()),
                 other => return Err(PyValueError::new_err(format!("column {name}: unknown column kind {other}"))),
             };
@@ -747,7 +752,7 @@ fn parse_event<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>, checksum: bool)
         let (ncols, q) = packed_int(&b[..body_end], p).ok_or_else(|| short("column count"))?;
         let ncols = ncols as usize;
         p = q;
-        let nb = (ncols + 7) / 8;
+        let nb = ncols.div_ceil(8);
         if p + nb > body_end {
             return Err(short("columns-present bitmap"));
         }
@@ -846,5 +851,12 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prewrite::prewrite_mutations, m)?)?;
     m.add("ColumnCountError", m.py().get_type::<prewrite::ColumnCountError>())?;
     m.add("DecimalTextError", m.py().get_type::<prewrite::DecimalTextError>())?;
+    // transaction envelopes (txnjoin.rs) and causality keys (causality.rs)
+    m.add_function(wrap_pyfunction!(txnjoin::unframe, m)?)?;
+    m.add_function(wrap_pyfunction!(txnjoin::join_framed, m)?)?;
+    m.add_function(wrap_pyfunction!(txnjoin::join_binlogs, m)?)?;
+    m.add_function(wrap_pyfunction!(txnjoin::commit_position, m)?)?;
+    m.add("TxnError", m.py().get_type::<txnjoin::TxnError>())?;
+    m.add_class::<causality::KeyBuilder>()?;
     Ok(())
 }

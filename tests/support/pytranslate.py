@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+from collections.abc import Sequence
 from typing import Any
 
 from sluice.core.rowcodec import MySQLDateTime, datum_to_python, row_to_dict
-from sluice.drainer.translator import _DATE_TYPES, ApplyShape, RowChange, Translator, row_keys
+from sluice.drainer.translator import _DATE_TYPES, ApplyShape, RowChange, Translator, fold
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 
@@ -33,6 +34,32 @@ def translate_changes(txn: Txn, schema: SchemaLookup, tr: Translator) -> list[Ro
                     keys.append(k)
         out.append(RowChange(_KIND_OF_OP[ev.op], shape, txn.commit_ts, before, after, tuple(keys)))
     return out
+
+
+def row_keys(shape: ApplyShape, values: Sequence[Any]) -> list[str]:
+    """drainer/translator.py's former Python causality keys of one row image: the oracle of
+    native/src/causality.rs (ApplyShape.keys)."""
+    prefix = shape.qualified
+    if shape.has_identity or shape.unique:
+        out = []
+        for key_prefix, cols, primary in shape.key_specs:
+            if len(cols) == 1:
+                v = values[cols[0]]
+                if v is None and not primary:
+                    continue
+                out.append(key_prefix + fold(v))
+                continue
+            vals = [values[i] for i in cols]
+            if not primary and None in vals:
+                continue
+            out.append(key_prefix + "\x00".join([fold(v) for v in vals]))
+        if shape.has_identity:
+            return out
+    # No row identity: the full image is the only thing that names the row. The table key comes
+    # first (routing hashes the first key): statements on such a table scan it and lock every
+    # row they pass, so two workers on one keyless table would deadlock each other.
+    full = f"{prefix}\x00*\x00" + "\x00".join("N" if v is None else fold(v) for v in values)
+    return [f"{prefix}\x00**", full]
 
 
 class PyTranslator(Translator):
@@ -122,3 +149,32 @@ def _decode_other(d: pb.Datum, kind: str, i: int, shape: ApplyShape) -> Any:
     return sql_value(datum_to_python(d, shape.infos[i]), shape.data_types[i])
 
 
+
+
+class PyKeysTranslator(Translator):
+    """Translator.translate as it was before the native causality keys (native decode, Python
+    `row_keys`): the baseline of bench/drainer_apply.py's keys step."""
+
+    def translate(self, txn: Txn, schema: SchemaLookup) -> list[RowChange]:
+        from sluice.drainer.translator import (DELETE, INSERT, UPDATE, UPSERT, _DELETE, _INSERT,
+                                               _UPDATE, decode_mutation)
+        commit_ts = txn.commit_ts
+        snapshot_chunk, mutations = txn.mutations(schema)
+        out: list[RowChange] = []
+        append = out.append
+        insert_kind = UPSERT if snapshot_chunk else INSERT
+        for m in mutations:
+            shape = self.shape(m.info, m.schema, m.table)
+            for tp, before, after in decode_mutation(txn, m, shape):
+                if tp == _UPDATE:
+                    keys = row_keys(shape, before)
+                    for k in row_keys(shape, after):
+                        if k not in keys:
+                            keys.append(k)
+                    append(RowChange(UPDATE, shape, commit_ts, before, after, tuple(keys)))
+                elif tp == _DELETE:
+                    append(RowChange(DELETE, shape, commit_ts, before, None, tuple(row_keys(shape, before))))
+                else:
+                    append(RowChange(insert_kind if tp == _INSERT else UPSERT, shape, commit_ts,
+                                     None, after, tuple(dict.fromkeys(row_keys(shape, after)))))
+        return out

@@ -113,3 +113,28 @@ def test_packed_metadata_that_does_not_match_the_response_is_decoded_instead() -
         fake_index=bad.fake_index, positioned_index=bad.positioned_index,
         watermark=20).SerializeToString()
     assert plain(read(tampered).items) == plain(read(response(entries, "none")).items)
+
+
+def test_an_undecodable_positioned_commit_is_corrupt_txn_naming_pump_and_commit_ts() -> None:
+    """A packed entry marked positioned whose COMMIT cannot be read (natively, txnjoin.rs
+    commit_position) is CorruptTxn naming the pump, start_ts and commit_ts; with skip-corrupt it
+    alone is dropped and the other transactions and the watermark still go to the merge."""
+    import pytest
+    from sluice.drainer.txn import CorruptTxn
+
+    good = response(stream(), "packed")
+    # entry 3's COMMIT (positioned): its position's last varint cut (same length, same offsets)
+    pos = pb.Binlog(position=pb.Position(file_seq=1, offset=7)).SerializeToString()
+    assert good.count(pos) == 1
+    raw = good.replace(pos, pos[:-1] + b"\xff")
+    resp = pb.PullBinlogsResp.FromString(raw)
+    resp_ct = list(resp.txn_commit_ts)
+    assert 3 in resp.positioned_index
+    r = PumpReader("pump-1", "127.0.0.1:1", 0, Target(), cluster_id=1, consumer_id="d")
+    with pytest.raises(CorruptTxn, match=rf"pump pump-1 \(start_ts {resp.txn_start_ts[3]}, "
+                                         rf"commit_ts {resp_ct[3]}\): undecodable commit binlog: "):
+        r._response_packed(raw, resp)
+    t = Target()
+    r = PumpReader("pump-1", "127.0.0.1:1", 0, t, cluster_id=1, consumer_id="d", skip_corrupt=True)
+    r._response_packed(raw, resp)
+    assert [i[0] for i in t.items] == [11, 13, 18] and t.watermark == 20 and r.skipped == 1
