@@ -18,6 +18,7 @@
 //! `my_time_packed_from_binary`, `decimal2bin`; MariaDB `Field_*::unpack`.
 
 mod prewrite;
+mod txnscan;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
@@ -846,5 +847,6 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prewrite::prewrite_mutations, m)?)?;
     m.add("ColumnCountError", m.py().get_type::<prewrite::ColumnCountError>())?;
     m.add("DecimalTextError", m.py().get_type::<prewrite::DecimalTextError>())?;
+    m.add_class::<txnscan::TxnScanner>()?; // the capture's per-event loop (txnscan.rs)
     Ok(())
 }
