@@ -399,9 +399,11 @@ class Assembler:
         self._reset_txn()
         self.gtid_state[t.domain] = (t.server_id, t.seq)
         pos = pb.Position(file_seq=t.file_seq, offset=t.offset, file_name=t.file,
-                          ts_ms=t.ts * 1000, server_id=t.server_id,
-                          gtids=[pb.GtidPos(domain_id=d, server_id=s, seq_no=n)
-                                 for d, (s, n) in sorted(self.gtid_state.items())])
+                          ts_ms=t.ts * 1000, server_id=t.server_id)
+        # add() in place: a list of GtidPos messages copied into the field costs ~1.4x as much
+        add = pos.gtids.add
+        for d, (s, n) in sorted(self.gtid_state.items()):
+            add(domain_id=d, server_id=s, seq_no=n)
         if t.marked:
             # A Sluice sink's own write: replicated here from elsewhere, so not captured again
             # (it would loop). Only its position moves on; shapes it declared were not sent.
