@@ -12,6 +12,8 @@ buffers in non-blocking mode, see capture/reader.py) iterated to the binlog's en
    row decoder (tests/support/pydecode.py, the differential tests' oracle) shows what the native
    core changed. The reader frames rows, GTID, XID and known TableMap events natively and reads
    the dump connection's packets itself (capture/reader.py); the baseline is the library alone.
+   The same reader with the native TxnScanner off (every event through Python, as before it)
+   runs next to it in every repeat.
    Each decode-only run also reports its CPU time (this process's user + system)
    per source transaction, which a loaded machine disturbs far less than the wall time.
 2. end to end — ours: the `sluice capture` process streaming the same range into two pump
@@ -27,7 +29,8 @@ The end-to-end runs also report the capture process's CPU per source transaction
 the last metrics poll showing 0 committed to the one showing all committed). `--baseline-tree`
 (repeatable) runs the capture from other checkouts (`git archive <commit> | tar -x -C DIR`)
 through this venv, alternating with this checkout in every repeat: the baseline of the same
-invocation. `--profile-e2e` writes a py-spy profile (GIL samples) of this checkout's last run.
+invocation. `--profile-e2e FILE` writes a py-spy profile (GIL samples) of this checkout's last run, and of the
+first baseline tree's last run to FILE.baseline.
 
 With --sysbench-txns the binlog is sysbench `oltp_write_only` instead (1 table of 10k rows
 prepared first, then N transactions at full speed with 4 threads: per transaction two UPDATEs
@@ -96,7 +99,8 @@ def run_baseline(settings: dict, start: str) -> tuple[int, float, float]:
     return events, time.perf_counter() - t0, time.process_time() - c0
 
 
-def run_ours(settings: dict, start: str, python_decoder: bool = False) -> tuple[int, int, float, float]:
+def run_ours(settings: dict, start: str, python_decoder: bool = False,
+             by_event: bool = False) -> tuple[int, int, float, float]:
     c0 = time.process_time()
     t0 = time.perf_counter()
     tracker = (pydecode.python_decode_tracker("bench", TableFilter()) if python_decoder
@@ -105,6 +109,8 @@ def run_ours(settings: dict, start: str, python_decoder: bool = False) -> tuple[
                      gtid_state=start, blocking=False)
     if python_decoder:
         pydecode.use_python_decoder(r)
+    if by_event:
+        r._stream._scanner = None   # every event through Python (the path before TxnScanner)
     txns = rows = 0
     for t in r.transactions():
         txns += 1
@@ -255,7 +261,8 @@ def main() -> None:
                          "repeatable (intermediate steps), the first is the baseline")
     ap.add_argument("--profile-e2e", type=Path,
                     help="py-spy (GIL samples, raw collapsed stacks) of this checkout's capture in the "
-                         "last end-to-end repeat, written to this file")
+                         "last end-to-end repeat, written to this file (the first baseline tree's "
+                         "to FILE.baseline)")
     ap.add_argument("--e2e-only", action="store_true",
                     help="skip the decode-only runs (count transactions with one native run)")
     ap.add_argument("--sysbench-txns", type=int, default=0,
@@ -300,7 +307,7 @@ def main() -> None:
                 cluster.start_pump(p, wait_online=False)
             for p in ("pump-1", "pump-2"):
                 cluster.wait_pump_writable(cluster.pumps[p])
-        base, ours, old = [], [], []
+        base, ours, old, by_event = [], [], [], []
         e2e: list[tuple[float, float]] = []
         e2e_trees: list[list[tuple[float, float]]] = [[] for _ in a.baseline_tree]
         loads: list[float] = []
@@ -313,6 +320,8 @@ def main() -> None:
                 base.append((bt, bc))
                 txns, rows, pt, pc = run_ours(settings, start, python_decoder=True)
                 old.append((pt, pc))
+                txns, rows, et_, ec_ = run_ours(settings, start, by_event=True)
+                by_event.append((et_, ec_))
                 txns, rows, ot, oc = run_ours(settings, start)
                 ours.append((ot, oc))
             if cluster is not None:
@@ -320,8 +329,10 @@ def main() -> None:
                 k = len(a.baseline_tree) + 1
                 for j, tree in enumerate(a.baseline_tree):
                     loads.append(os.getloadavg()[0])
+                    prof = (a.profile_e2e.with_name(a.profile_e2e.name + ".baseline")
+                            if a.profile_e2e is not None and j == 0 and i == a.repeat - 1 else None)
                     e2e_trees[j].append(run_end_to_end(cluster, port, password, start, txns,
-                                                       f"bench-cap-{k * i + j}", tree))
+                                                       f"bench-cap-{k * i + j}", tree, profile=prof))
                 loads.append(os.getloadavg()[0])
                 e2e.append(run_end_to_end(cluster, port, password, start, txns,
                                           f"bench-cap-{k * i + k - 1}",
@@ -344,16 +355,19 @@ def main() -> None:
                 cb = pick(c for _, c in e2e_trees[0])
                 for name, runs in variants[1:]:
                     print(f"| {name} vs baseline (CPU) | | | {cb / pick(c for _, c in runs):.2f}x less | |")
-            if a.profile_e2e is not None and a.profile_e2e.exists():
-                print()
-                print(f"py-spy of this checkout's capture, last repeat ({a.profile_e2e}):")
-                print(spy_table(a.profile_e2e))
+            if a.profile_e2e is not None:
+                base_prof = a.profile_e2e.with_name(a.profile_e2e.name + ".baseline")
+                for what, path in (("the baseline tree's", base_prof), ("this checkout's", a.profile_e2e)):
+                    if path.exists():
+                        print()
+                        print(f"py-spy of {what} capture, last repeat ({path}):")
+                        print(spy_table(path))
             print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
                   f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, "
                   f"date {time.strftime('%Y-%m-%d %H:%M')}, {stat}")
             return
-        bt, pt, ot = (pick(w for w, _ in runs) for runs in (base, old, ours))
-        bcpu, pcpu, ocpu = (pick(c for _, c in runs) for runs in (base, old, ours))
+        bt, pt, et, ot = (pick(w for w, _ in runs) for runs in (base, old, by_event, ours))
+        bcpu, pcpu, ecpu, ocpu = (pick(c for _, c in runs) for runs in (base, old, by_event, ours))
         ms = 1000 / txns
         print(f"decode only over {events} events ({txns} txns, {rows} rows), {stat}:")
         print()
@@ -362,8 +376,14 @@ def main() -> None:
         print(f"| baseline: BinLogStreamReader + .rows | {events / bt:,.0f} | 1.00x | {bcpu * ms:.3f} | 1.00x |")
         print(f"| BinlogReader, old Python row decoder | {events / pt:,.0f} | {bt / pt:.2f}x | "
               f"{pcpu * ms:.3f} | {bcpu / pcpu:.2f}x |")
-        print(f"| BinlogReader, native row decoder | {events / ot:,.0f} | {bt / ot:.2f}x | "
-              f"{ocpu * ms:.3f} | {bcpu / ocpu:.2f}x |")
+        print(f"| BinlogReader, native row decoder, event by event (no TxnScanner) | {events / et:,.0f} | "
+              f"{bt / et:.2f}x | {ecpu * ms:.3f} | {bcpu / ecpu:.2f}x |")
+        print(f"| BinlogReader, native row decoder, whole transactions (TxnScanner) | {events / ot:,.0f} | "
+              f"{bt / ot:.2f}x | {ocpu * ms:.3f} | {bcpu / ocpu:.2f}x |")
+        print(f"| whole transactions vs event by event | | {et / ot:.2f}x | | {ecpu / ocpu:.2f}x |")
+        print("| runs, CPU ms per source txn: event by event / whole | | | "
+              f"{', '.join(f'{c * ms:.3f}' for _, c in by_event)} / "
+              f"{', '.join(f'{c * ms:.3f}' for _, c in ours)} | |")
         print(f"| native vs old Python decoder | | {pt / ot:.2f}x | | {pcpu / ocpu:.2f}x |")
         if e2e:
             et, ec = pick(w for w, _ in e2e), pick(c for _, c in e2e)

@@ -23,7 +23,8 @@ from pymysqlreplication.constants.BINLOG import TABLE_MAP_EVENT
 from pymysqlreplication.packet import BinLogPacketWrapper
 from pymysqlreplication.row_event import TableMapEvent
 
-from sluice.capture.assembler import _IMAGES, GtidImage, RowsImage, TableMapImage, XidImage, _Image
+from sluice.capture.assembler import (_IMAGES, GtidImage, RowsImage, TableMapImage, TxnImage,
+                                      XidImage, _Image)
 from sluice.capture.binlog_errors import BinlogProtocolError, SourceDisconnected, UnknownTableId
 from sluice.capture.types import sluice_native
 
@@ -67,8 +68,9 @@ def _frame(data: bytes, table_map: _StrictTableMap, use_checksum: bool) -> _Imag
     if etype in _ROWS_EVENTS:
         return RowsImage(h[6], h[7], h[8], h[9], h[10], data, h[11], h[5], h[1], h[4], h[3])
     if etype == TABLE_MAP_EVENT:
-        first = table_map.parsed.get(data[20:h[5]])
-        return None if first is None else TableMapImage(first, h[1], h[4], h[3])
+        body = data[20:h[5]]
+        first = table_map.parsed.get(body)
+        return None if first is None else TableMapImage(first, body, h[1], h[4], h[3])
     if etype == _GTID_EVENT:
         return GtidImage(h[7], h[2], h[6], h[8], h[1], h[4], h[3])
     if etype == _XID_EVENT:
@@ -102,13 +104,16 @@ def _packet_wrapper(pkt: Any, table_map: Any, ctl: Any, mysql_version: Any, use_
         parsed = table_map.parsed
         if len(parsed) >= _PARSE_CACHE_MAX:
             parsed.clear()
-        first = parsed[data[20:len(data) - (4 if use_checksum else 0)]] = wrapper.event
-        return TableMapImage(first, timestamp=wrapper.timestamp, log_pos=wrapper.log_pos,
+        body = data[20:len(data) - (4 if use_checksum else 0)]
+        first = parsed[body] = wrapper.event
+        return TableMapImage(first, body, timestamp=wrapper.timestamp, log_pos=wrapper.log_pos,
                              event_size=wrapper.event_size)
     return wrapper
 
 
 _READ_CHUNK = 256 * 1024
+# A group bigger than this is read event by event rather than scanned again after every read.
+_MAX_WHOLE_BYTES = 4 * 1024 * 1024
 _LOST = "Lost connection to MySQL server during query"
 
 
@@ -128,14 +133,18 @@ class FixedBinLogStreamReader(BinLogStreamReader):
 class StrictBinLogStreamReader(FixedBinLogStreamReader):
     """BinLogStreamReader whose TableMap cache refuses unknown table_ids instead of dropping rows."""
 
-    def __init__(self, *args: Any, where: Callable[[], str] = lambda: "?", **kwargs: Any) -> None:
+    def __init__(self, *args: Any, where: Callable[[], str] = lambda: "?",
+                 scanner: Any = None, **kwargs: Any) -> None:
         self._where = where
+        # sluice_native.TxnScanner (the SchemaTracker's): whole transactions read natively
+        self._scanner = scanner
         self._strict = _StrictTableMap(where)
         self._pending: MysqlPacket | None = None
         self._packets: list[bytes] = []     # payloads split from the last read, and the next one
         self._next = 0
         self._rest = b""                    # an incomplete packet at the end of the last read
         self._bad_seq = -1
+        self._failed: BaseException | None = None   # a read error kept for the next _refill
         super().__init__(*args, **kwargs)
         # The natively framed events are what `fetchone` returns for rows, TableMaps, GTIDs, XIDs.
         for attr in ("_BinLogStreamReader__allowed_events_in_packet",
@@ -176,6 +185,9 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
         """Reads what the dump connection has (up to 256 KB at once) and splits it into packet
         payloads natively; pymysql's errors and sequence check as in its `_read_packet` (a lost
         connection or a read timeout is OperationalError 2013, the connection force-closed)."""
+        if self._failed is not None:
+            e, self._failed = self._failed, None
+            raise e
         conn = self._stream_connection
         while True:
             if self._bad_seq >= 0:
@@ -211,10 +223,42 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
                 self._packets, self._next = packets, 1
                 return packets[0]
 
+    def _whole(self, checksum: bool) -> TxnImage | None:
+        """The group starting at the GTID packet just taken, read whole by the native scanner,
+        or None (declined: `self._next` is again just after the GTID packet). A group that goes
+        on past the packets read so far is scanned again with more read (up to
+        `_MAX_WHOLE_BYTES`); an error of that read is kept for the per-event path's next read,
+        so it surfaces after the same events as without the scanner."""
+        i = self._next - 1
+        while True:
+            got = self._scanner.scan(self._packets, i, checksum)
+            if got is None:
+                return None
+            k, item = got
+            if item is not None:
+                self._next = k
+                whole = TxnImage(*item)
+                if whole.log_pos:
+                    self.log_pos = whole.log_pos
+                return whole
+            rest = self._packets[i:]
+            if sum(map(len, rest)) > _MAX_WHOLE_BYTES:
+                return None
+            try:
+                self._refill()
+            except Exception as e:  # noqa: BLE001 - re-raised by the next _refill, unchanged
+                self._failed = e
+                self._packets, self._next = rest, 1
+                return None
+            self._packets, self._next = rest + self._packets, 1
+            i = 0
+
     def fetchone(self) -> Any:
-        """The next event. On a connected stream the packet is taken here and the events the
-        native core frames (rows, GTID, XID, a TableMap parsed before: 9 of a sysbench
-        transaction's 10) are returned directly; any other packet (rotate, format description,
+        """The next event, or a whole transaction. On a connected stream the packet is taken
+        here; a GTID event starting a group the native TxnScanner reads whole (rows on TableMaps
+        the tracker resolved before, up to the XID: a sysbench transaction's 10 events) comes
+        back as one TxnImage; otherwise the events the native core frames (rows, GTID, XID, a
+        TableMap parsed before) are returned directly; any other packet (rotate, format description,
         query, heartbeat, a first TableMap, the end of the stream, an error) goes to the
         library's `fetchone`, which reads it as its next packet and handles it as always."""
         if (self._BinLogStreamReader__connected_stream and self._pending is None  # type: ignore[attr-defined]
@@ -236,7 +280,14 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
                     self._BinLogStreamReader__connected_stream = False
                     return super().fetchone()
             if len(data) > 19 and data[0] == 0 and data[5] in _FAST_EVENTS:
-                image = _frame(data, self._strict, self._BinLogStreamReader__use_checksum)  # type: ignore[attr-defined]
+                checksum = self._BinLogStreamReader__use_checksum  # type: ignore[attr-defined]
+                if data[5] == _GTID_EVENT and self._scanner is not None:
+                    # The whole group natively when it is rows on known TableMaps up to its
+                    # XID (native/src/txnscan.rs); otherwise event by event below.
+                    whole = self._whole(checksum)
+                    if whole is not None:
+                        return whole
+                image = _frame(data, self._strict, checksum)
                 if image is not None:
                     if image.log_pos:
                         self.log_pos = image.log_pos

@@ -57,7 +57,7 @@ class BinlogReader:
         self._stream = StrictBinLogStreamReader(
             settings, server_id=replica_server_id, blocking=blocking, is_mariadb=True,
             auto_position=gtid_state, only_events=EVENTS, slave_heartbeat=heartbeat_s,
-            enable_logging=False, where=self.assembler.where)
+            enable_logging=False, where=self.assembler.where, scanner=tracker.scanner)
         self._on_connected = on_connected
         self.last_event_at = time.monotonic()
         self.caught_up = False        # the last event was a heartbeat: nothing more to send

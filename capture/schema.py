@@ -27,7 +27,7 @@ from pymysqlreplication.constants import CHARSET
 from pymysqlreplication.constants import FIELD_TYPE as FT
 
 from sluice.capture import ddl as ddlmod
-from sluice.capture.types import BinColumn, RowDecoder, UndecodableRow, native_spec
+from sluice.capture.types import BinColumn, RowDecoder, UndecodableRow, native_spec, sluice_native
 from sluice.proto import sluice_pb2 as pb
 from sluice.core.log import kv
 
@@ -293,6 +293,10 @@ class SchemaTracker:
         self._declared: dict[tuple[str, str], pb.TableInfo] = {}
         # Resolved entries by TableMap signature: a hit costs one dict lookup per TableMap.
         self._compiled: dict[_ShapeKey, TableEntry] = {}
+        # The same entries by TableMap body, for the native per-transaction reader
+        # (native/src/txnscan.rs): cleared with `_compiled`, so a body it knows resolves
+        # exactly as `on_table_map` would (a hit, nothing to declare).
+        self.scanner = sluice_native.TxnScanner()
 
     # -- state --------------------------------------------------------------------------------
 
@@ -300,6 +304,7 @@ class SchemaTracker:
         """Nothing is known to be declared downstream (a restart or a re-read from a position)."""
         self._declared.clear()
         self._compiled.clear()
+        self.scanner.clear()
 
     def seed(self, db: str, table: str, create_sql: str) -> None:
         """A model from SHOW CREATE TABLE (start-up): adds what only DDL says (JSON, unique keys)."""
@@ -376,6 +381,17 @@ class SchemaTracker:
         entry = self._compiled[key] = TableEntry(tid, db, table, info, decoder)
         return entry, to_declare
 
+    def learn_body(self, body: bytes, binlog_table_id: int, entry: TableEntry) -> None:
+        """A TableMap body `on_table_map` resolved to `entry` (now in `_compiled`): the native
+        scanner reads later transactions mapping the same body without Python. Entries with a
+        decoder other than the native one (the differential tests' oracle) are not taught."""
+        dec = entry.decoder
+        if dec is None:
+            self.scanner.learn(body, binlog_table_id, entry.table_id, entry, None,
+                               self.filter.marks(entry.db, entry.table))
+        elif isinstance(getattr(dec, "native", None), sluice_native.RowDecoder):
+            self.scanner.learn(body, binlog_table_id, entry.table_id, entry, dec.native, False)
+
     # -- DDL ----------------------------------------------------------------------------------
 
     def on_ddl(self, query: str, default_db: str, version: int) -> list[pb.DDL]:
@@ -384,6 +400,7 @@ class SchemaTracker:
         if st is None:
             return []
         self._compiled.clear()   # shapes may change; DDL is rare
+        self.scanner.clear()
         out: list[pb.DDL] = []
         tp = st.tp
         if tp == pb.CREATE_DATABASE or tp == pb.DROP_DATABASE:

@@ -20,6 +20,7 @@
 mod prewrite;
 mod txnjoin;
 mod causality;
+mod txnscan;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
@@ -858,5 +859,6 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(txnjoin::commit_position, m)?)?;
     m.add("TxnError", m.py().get_type::<txnjoin::TxnError>())?;
     m.add_class::<causality::KeyBuilder>()?;
+    m.add_class::<txnscan::TxnScanner>()?; // the capture's per-event loop (txnscan.rs)
     Ok(())
 }
