@@ -64,7 +64,9 @@ fn header(b: &[u8], checksum: bool) -> Option<(u8, u64, u64, usize, usize)> {
 }
 
 /// A rows event's post-header: (tp, table_id, ncols, present, present2, rows_start).
-fn rows_head(b: &[u8], etype: u8, body_end: usize) -> Option<(u32, u64, usize, &[u8], &[u8], usize)> {
+type RowsHead<'a> = (u32, u64, usize, &'a [u8], &'a [u8], usize);
+
+fn rows_head(b: &[u8], etype: u8, body_end: usize) -> Option<RowsHead<'_>> {
     let (tp, v2) = match etype {
         23 => (1, false), 24 => (2, false), 25 => (3, false),
         30 => (1, true), 31 => (2, true), 32 => (3, true),
@@ -89,7 +91,7 @@ fn rows_head(b: &[u8], etype: u8, body_end: usize) -> Option<(u32, u64, usize, &
     let (ncols, q) = packed_int(&b[..body_end], p)?;
     let ncols = ncols as usize;
     p = q;
-    let nb = (ncols + 7) / 8;
+    let nb = ncols.div_ceil(8);
     if p + nb > body_end {
         return None;
     }
