@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -224,6 +225,7 @@ def child(a: argparse.Namespace) -> None:
                 raise SystemExit(f"sbtest.{t.name}: (rows, sum k, text length) {tuple(got)}, model {want}")
     finally:
         spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
     print("RESULT " + json.dumps(out), flush=True)
 
 
