@@ -41,6 +41,12 @@ QUIET_LOGGERS = ("org.apache.hadoop.util.NativeCodeLoader", "org.apache.spark.ut
 
 
 LOG4J2 = Path(__file__).resolve().parent / "log4j2.properties"
+# The driver JVM's CPU on a small, shared machine (bench/spark_cpu.py measured it per batch):
+# the C2 JIT compiler was the JVM's largest thread (every batch plans new queries and Spark
+# generates new classes for them), so compilation stops at C1; the serial collector spends no
+# threads on a concurrent heap of the default 1 GB. A `spark-conf` value of
+# spark.driver.extraJavaOptions replaces these (and the UTC and log4j options) whole.
+JVM_CPU_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def jars_dir() -> Path:
@@ -93,7 +99,11 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
         "spark.driver.bindAddress": "127.0.0.1",
         "spark.sql.shuffle.partitions": str(cfg.shuffle_partitions),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.driver.extraJavaOptions": f"-Duser.timezone=UTC -Dlog4j2.configurationFile={LOG4J2}",
+        # The sink's plans are small (a batch of one table); re-planning them stage by stage
+        # costs the driver more CPU than it saves (bench/spark_cpu.py, docs/benchmarks.md).
+        "spark.sql.adaptive.enabled": "false",
+        "spark.driver.extraJavaOptions": f"-Duser.timezone=UTC -Dlog4j2.configurationFile={LOG4J2} "
+                                         + JVM_CPU_OPTIONS,
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
     conf.update(catalog_conf(cfg))
