@@ -16,15 +16,22 @@ warehouse) in the same invocation.
 rows/s = changelog rows landed / wall seconds. Ours is checked against the workload's model, so a
 fast wrong answer cannot win. A warm-up of both paths runs first and is not reported.
 
+--current: the ways of keeping a keyed current table to compare (comma-separated; each round
+runs every one of them, in a rotating order, plus the baseline): delete-all (the DELETE of every
+changed key: the sink before the insert-first rule), delete (the DELETE of the keys not inserted
+first: the default), equality-deletes (an equality-delete file, no scan), merge (MERGE INTO).
+
 Second part (--state-rows, 0 to skip): the cost of keeping the current state. A keyed table of
 --state-rows rows receives --state-batches batches of --state-changes changes each (updates of
 random keys, a few inserts and deletes) through the sink, the batches taking turns between the
-two ways of keeping the current state (DELETE of the keys + append, MERGE INTO); per batch, ours
+--state-methods (same table, so each sees the same table size and load; equality-delete files
+left by earlier batches are applied by every later scan, whatever its method); per batch, ours
 (changelog append + current state + marker) vs a plain append of the same number of rows to a
-table of the same size. --current picks the way for the first part.
+table of the same size.
 
 Run: .venv/bin/python bench/spark_sink.py [--changes 200000] [--batch-rows 100000]
-     [--state-rows 1000000] [--state-changes 10000] [--state-batches 5]
+     [--current delete-all,delete,equality-deletes] [--state-methods delete-all,delete,equality-deletes]
+     [--state-rows 1000000] [--state-changes 10000] [--state-batches 6]
      [--write-mode merge-on-read|copy-on-write]
 """
 from __future__ import annotations
@@ -70,7 +77,7 @@ def workload(changes: int, seed: int) -> tuple[list[Txn], RandomWorkload, Schema
 
 
 WRITE_MODE = "merge-on-read"
-CURRENT_BY = W.DELETE_KEYS
+ALL_METHODS = (W.DELETE_ALL, W.DELETE_KEYS, W.EQUALITY_DELETES, W.MERGE)
 
 
 def config(warehouse: Path, name: str, batch_rows: int) -> SparkSinkConfig:
@@ -80,10 +87,22 @@ def config(warehouse: Path, name: str, batch_rows: int) -> SparkSinkConfig:
                            log_level="ERROR", write_mode=WRITE_MODE)
 
 
+def load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def methods(text: str) -> list[str]:
+    out = [m.strip() for m in text.split(",") if m.strip()]
+    for m in out:
+        if m not in ALL_METHODS:
+            raise SystemExit(f"unknown method {m!r}: one of {', '.join(ALL_METHODS)}")
+    return out
+
+
 def run_sink(spark: Any, cfg: SparkSinkConfig, txns: list[Txn], schema: SchemaHistory,
-             apply_batch: int) -> tuple[SparkSink, float]:
+             apply_batch: int, how: str) -> tuple[SparkSink, float]:
     sink = SparkSink(cfg, schema, "bench", 1, spark, owner="bench")
-    sink.current_by = CURRENT_BY
+    sink.current_by = how
 
     async def go() -> float:
         await sink.open(Checkpoint(0))
@@ -144,7 +163,7 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
     first = schema_txn(next(ts), STATE)
     schema.apply(first)
     # The initial table: n rows as snapshot reads, in 50k-row transactions.
-    load = [txn(prewrite_value(STATE.mutation(*[STATE.read(id=i, v=0, pad="x" * 40)
+    initial = [txn(prewrite_value(STATE.mutation(*[STATE.read(id=i, v=0, pad="x" * 40)
                                                  for i in range(s, min(n, s + 50_000))])), next(ts))
             for s in range(0, n, 50_000)]
 
@@ -160,11 +179,13 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
         await sink.flush()
     asyncio.run(setup())
     log(f"state: loading {n} rows")
-    asyncio.run(land(load))
+    asyncio.run(land(initial))
     spark.sql("CREATE NAMESPACE IF NOT EXISTS st_base")
     spark.sql("DROP TABLE IF EXISTS st_base.kv")
     spark.sql("CREATE TABLE st_base.kv USING iceberg AS SELECT id, v, pad FROM st_state.kv")
-    ours: dict[str, list[float]] = {"delete": [], "merge": []}
+    ways = methods(args.state_methods)
+    ours: dict[str, list[float]] = {m: [] for m in ways}
+    loads: dict[str, list[float]] = {m: [] for m in ways}
     base = []
     nxt = n
     for b in range(args.state_batches):
@@ -183,29 +204,32 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
                  for s in range(0, k, 100)]
         # The two ways of keeping the current state take turns on the same table (they leave
         # the same rows), so both see the same table size and the same load.
-        how = ("delete", "merge")[b % 2]
+        how = ways[b % len(ways)]
         sink.current_by = how
         ours[how].append(asyncio.run(land(batch)))
+        loads[how].append(os.getloadavg()[0])
         rows = spark.range(k).selectExpr("id + 1000000000 AS id", "1 AS v", "'z' AS pad").toArrow()
         t = time.perf_counter()
         spark.createDataFrame(rows).writeTo("st_base.kv").append()
         base.append(time.perf_counter() - t)
         log(f"state batch {b + 1}: ours ({how}) {ours[how][-1]:.2f} s, plain append {base[-1]:.2f} s, "
-            f"load {os.getloadavg()[0]:.1f}")
+            f"load {load()}")
     got = spark.sql("SELECT count(*), count(DISTINCT id) FROM st_state.kv").collect()[0]
     if got[0] != got[1]:
         raise SystemExit(f"state: {got[0]} rows but {got[1]} keys")
     mb = statistics.median(base)
     print(f"\nCurrent state of a {n}-row keyed table, batches of {k} changes (median of "
-          f"{args.state_batches // 2}-{(args.state_batches + 1) // 2} per method, write-mode "
-          f"{WRITE_MODE}, load {os.getloadavg()[0]:.1f}):")
-    print(f"| what | ms per batch | rows/s | baseline time / ours |\n|---|---|---|---|")
-    print(f"| plain append of {k} rows (baseline) | {mb * 1000:.0f} | {k / mb:,.0f} | 1 |")
-    for how, label in (("delete", "DELETE keys + append"), ("merge", "MERGE")):
+          f"{min(map(len, ours.values()))}-{max(map(len, ours.values()))} per method, write-mode "
+          f"{WRITE_MODE}, load {load()}):")
+    print("| what | ms per batch | rows/s | baseline time / ours | load (1 min) |\n"
+          "|---|---|---|---|---|")
+    print(f"| plain append of {k} rows (baseline) | {mb * 1000:.0f} | {k / mb:,.0f} | 1 | |")
+    for how in ways:
         if ours[how]:
             mo = statistics.median(ours[how])
-            print(f"| sink: changelog + {label} + marker | {mo * 1000:.0f} | {k / mo:,.0f} | "
-                  f"{mb / mo:.2f}x |")
+            print(f"| sink: changelog + current by {how} + marker | {mo * 1000:.0f} | "
+                  f"{k / mo:,.0f} | {mb / mo:.2f}x | "
+                  f"{', '.join(f'{x:.1f}' for x in loads[how])} |")
     asyncio.run(sink.close())
 
 
@@ -217,14 +241,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--state-rows", type=int, default=1_000_000)
     ap.add_argument("--state-changes", type=int, default=10_000)
-    ap.add_argument("--state-batches", type=int, default=5)
+    ap.add_argument("--state-batches", type=int, default=6)
+    ap.add_argument("--state-methods", default=f"{W.DELETE_ALL},{W.DELETE_KEYS},{W.EQUALITY_DELETES}",
+                    help="the ways of keeping the current state the second part alternates")
     ap.add_argument("--write-mode", default="merge-on-read", choices=("merge-on-read", "copy-on-write"))
-    ap.add_argument("--current", default=W.DELETE_KEYS, choices=(W.DELETE_KEYS, W.MERGE),
-                    help="how the sink keeps a keyed current table in the first part")
+    ap.add_argument("--current", default=W.DELETE_KEYS,
+                    help="how the sink keeps a keyed current table in the first part (comma-"
+                         f"separated, alternating: {', '.join(ALL_METHODS)})")
     args = ap.parse_args()
-    global WRITE_MODE, CURRENT_BY
+    global WRITE_MODE
     WRITE_MODE = args.write_mode
-    CURRENT_BY = args.current
+    ways = methods(args.current)
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-spark-"))
     warehouse = work / "warehouse"
     cfg = config(warehouse, "warm", args.batch_rows)
@@ -232,33 +259,50 @@ def main() -> None:
     try:
         log("warm-up")
         txns, wl, schema = workload(3000, 1)
-        sink, _ = run_sink(spark, cfg, txns, schema, args.apply_batch)
+        for i, how in enumerate(ways):
+            sink, _ = run_sink(spark, config(warehouse, f"warm{i}", args.batch_rows), txns,
+                               schema, args.apply_batch, how)
         run_baseline(spark, landed(spark, sink), "warm_base")
-        ours, base, rows = [], [], 0
+        ours: dict[str, list[float]] = {m: [] for m in ways}
+        loads: dict[str, list[float]] = {m: [] for m in ways}
+        steps: dict[str, list[dict[str, float]]] = {m: [] for m in ways}
+        base, base_loads, rows = [], [], 0
         for r in range(args.repeat):
-            name = f"r{r}"
             txns, wl, schema = workload(args.changes, 10 + r)
-            log(f"round {r + 1}: sink ({len(txns)} transactions)")
-            sink, t_ours = run_sink(spark, config(warehouse, name, args.batch_rows), txns, schema,
-                                    args.apply_batch)
-            check(spark, name, wl)
-            tables = landed(spark, sink)
-            n = sum(a.num_rows for _, a in tables)
+            # Every method on the same transactions, in a rotating order, then the baseline.
+            order = ways[r % len(ways):] + ways[:r % len(ways)]
+            for how in order:
+                name = f"r{r}{ways.index(how)}"
+                log(f"round {r + 1}: sink by {how} ({len(txns)} transactions)")
+                sink, t_ours = run_sink(spark, config(warehouse, name, args.batch_rows), txns,
+                                        schema, args.apply_batch, how)
+                check(spark, name, wl)
+                tables = landed(spark, sink)
+                n = sum(a.num_rows for _, a in tables)
+                ours[how].append(n / t_ours)
+                loads[how].append(os.getloadavg()[0])
+                steps[how].append({k: round(v, 2) for k, v in sink.timings.items()})
+                log(f"round {r + 1}: ours by {how} {n / t_ours:,.0f} rows/s, load {load()}; "
+                    f"sink steps {steps[how][-1]}")
             log(f"round {r + 1}: baseline ({n} rows)")
-            t_base = run_baseline(spark, tables, f"{name}_base")
-            ours.append(n / t_ours)
+            t_base = run_baseline(spark, tables, f"r{r}_base")
             base.append(n / t_base)
+            base_loads.append(os.getloadavg()[0])
             rows = n
-            log(f"round {r + 1}: ours {n / t_ours:,.0f} rows/s, baseline {n / t_base:,.0f} rows/s; "
-                f"sink steps {({k: round(v, 2) for k, v in sink.timings.items()})}")
-        mo, mb = statistics.median(ours), statistics.median(base)
+            log(f"round {r + 1}: baseline {n / t_base:,.0f} rows/s, load {load()}")
+        mb = statistics.median(base)
         print(f"\nSpark sink into Iceberg — {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
-              f"UTC, {os.cpu_count()} cores, {platform.python_version()}, load {os.getloadavg()[0]:.1f}")
+              f"UTC, {os.cpu_count()} cores, {platform.python_version()}, load {load()}")
         print(f"{rows} changelog rows per round, batch-rows {args.batch_rows}, median of {args.repeat}")
-        print("| what | rows/s |\n|---|---|")
-        print(f"| baseline: createDataFrame(arrow).writeTo().append() | {mb:,.0f} |")
-        print(f"| SparkSink (decode + changelog + current by {CURRENT_BY} + marker, CAS) | {mo:,.0f} |")
-        print(f"ratio: {mo / mb:.2f}x (goal >= 0.8x)")
+        print("| what | rows/s | ratio (goal >= 0.8x) | load (1 min) per round |\n|---|---|---|---|")
+        print(f"| baseline: createDataFrame(arrow).writeTo().append() | {mb:,.0f} | 1 | "
+              f"{', '.join(f'{x:.1f}' for x in base_loads)} |")
+        for how in ways:
+            mo = statistics.median(ours[how])
+            print(f"| SparkSink (decode + changelog + current by {how} + marker, CAS) | {mo:,.0f} | "
+                  f"{mo / mb:.2f}x | {', '.join(f'{x:.1f}' for x in loads[how])} |")
+        for how in ways:
+            print(f"steps by {how}: {steps[how]}")
         if args.state_rows:
             state_bench(spark, warehouse, args)
     finally:

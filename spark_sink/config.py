@@ -14,6 +14,7 @@ from sluice.core.errors import ConfigError
 
 CATALOG_TYPES = ("jdbc", "hive", "rest", "hadoop")
 ON_UNMAPPABLE = ("stop", "skip-table", "as-string")
+CURRENT_STATE_METHODS = ("delete", "equality-deletes")   # writer.CURRENT_STATE_METHODS
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -90,13 +91,20 @@ class SparkSinkConfig(SessionConfig):
     meta_database: str = "sluice"       # the `_sluice_commits` marker table
     batch_rows: int = 100_000           # commit a micro-batch at this many buffered changes
     batch_interval: float = 5.0         # ... or when the oldest buffered change is this old (s)
+    # How the current tables take a DELETE or MERGE: merge-on-read writes the changed rows and
+    # position deletes (cost follows the batch); copy-on-write rewrites every data file a
+    # changed key is in (cost follows the table). docs/spark.md has the measurement behind the
+    # default.
+    write_mode: str = "merge-on-read"
+    # How a keyed current table drops the rows of the keys a batch changes before the append
+    # of their last images: delete (a Spark DELETE job that scans the table; every Iceberg
+    # reader reads the result) or equality-deletes (an equality-delete file committed through
+    # the Iceberg API, no scan; pyiceberg 0.12 cannot read such a table until maintenance's
+    # rewrite folds the deletes in: docs/spark.md "Current-state methods").
+    current_state: str = "delete"
     # Iceberg maintenance (rewrite data files, expire snapshots, remove orphan files) after this
     # many committed batches (0: off); snapshots younger than snapshot-retention seconds, and
     # the last retain-snapshots of each table, are kept for time travel and running readers.
-    # How the current tables take a MERGE: merge-on-read writes the changed rows and position
-    # deletes (cost follows the batch); copy-on-write rewrites every data file a changed key is
-    # in (cost follows the table). docs/spark.md has the measurement behind the default.
-    write_mode: str = "merge-on-read"
     maintenance_every: int = 100
     snapshot_retention: float = 86_400.0  # seconds a snapshot is kept (time travel, --as-of)
     retain_snapshots: int = 100         # ... and at least this many per table
@@ -116,6 +124,9 @@ class SparkSinkConfig(SessionConfig):
         if self.write_mode not in ("merge-on-read", "copy-on-write"):
             raise ConfigError(f"[to] spark sink: write-mode must be merge-on-read or "
                               f"copy-on-write, got {self.write_mode!r}")
+        if self.current_state not in CURRENT_STATE_METHODS:
+            raise ConfigError(f"[to] spark sink: current-state must be one of "
+                              f"{', '.join(CURRENT_STATE_METHODS)}, got {self.current_state!r}")
         if self.maintenance_every < 0 or self.snapshot_retention < 0 or self.retain_snapshots < 1:
             raise ConfigError("[to] spark sink: maintenance-every and snapshot-retention must be "
                               ">= 0, retain-snapshots >= 1")

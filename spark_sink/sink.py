@@ -34,6 +34,7 @@ from sluice.drainer.sink import (BackgroundSink, Capabilities, Checkpoint, SinkC
                                  options_to_config)
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.spark_sink import tables as T
+from sluice.spark_sink import eqdelete as E
 from sluice.spark_sink import writer as W
 from sluice.spark_sink.catalog import Catalog, Summary
 from sluice.spark_sink.commit import Fenced, LostRace, OwnedByAnother, Publisher
@@ -94,9 +95,10 @@ class SparkSink(SchemaChanges, BackgroundSink):
         self._successes: asyncio.Queue[SinkCheckpoint] = asyncio.Queue()
         self._since_maintenance = 0
         self.skipped = 0
-        # How keyed current tables take a batch (writer.DELETE_KEYS; writer.MERGE only for
+        # How keyed current tables take a batch (`current-state`: writer.DELETE_KEYS or
+        # writer.EQUALITY_DELETES; writer.MERGE and writer.DELETE_ALL only for
         # bench/spark_sink.py's same-table comparison).
-        self.current_by = W.DELETE_KEYS
+        self.current_by = options.current_state
         # Seconds per step since open (decode_s in apply(); convert/changelog/current/marker per
         # batch): what bench/spark_sink.py reports.
         self.timings: dict[str, float] = {}
@@ -372,8 +374,14 @@ class SparkSink(SchemaChanges, BackgroundSink):
                         return False
                     f = frame_for(skip)
                     assert f is not None
-                    w = f.write_changelog if which == "changelog" else f.write_current
-                    pub.write(st.db, table, summary, lambda b: w(b, skip))
+                    if which == "changelog":
+                        pub.write(st.db, table, summary, lambda b: f.write_changelog(b, skip))
+                        return True
+
+                    def eq(keys: Any, db: str = st.db, table: str = table) -> bool:
+                        return E.commit_equality_deletes(pub.catalog, db, table, pub.branch,
+                                                         keys, summary.props())
+                    pub.write(st.db, table, summary, lambda b: f.write_current(b, skip, eq))
                     return True
                 if (st.db, table) in pub.heads:
                     frame_for(pub.heads[(st.db, table)].commit_ts)

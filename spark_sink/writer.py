@@ -1,14 +1,17 @@
 """A table's buffered changes -> the Spark writes that land them: the changelog append, the
-current state's DELETE of the batch's keys plus append of their last images (keyed tables; a
-MERGE INTO is the alternative, `MERGE`) or multiset rewrite (keyless ones), TRUNCATE, and
-the value-keeping cast of a column whose type Iceberg cannot promote.
+current state's removal of the keys the batch changes (a DELETE, or an equality-delete file:
+`current-state`) plus append of their last images (keyed tables; a MERGE INTO is the
+alternative, `MERGE`) or multiset rewrite (keyless ones), TRUNCATE, and the value-keeping cast
+of a column whose type Iceberg cannot promote.
 
 Rows arrive as tuples `(*CHANGELOG_META values, *values of the state's columns)`; a table's rows
 of a batch become ONE Arrow table (built in C, no per-row pickling) and ONE Spark DataFrame
 (`BatchFrame`), which both the changelog append and the current-state write read: the rows cross
 from Python to the JVM once. A keyed table's frame carries `_sluice_latest`, true on the batch's
 last change of each key (computed here, in one pass over the rows), so the current-state write
-reads the batch already reduced to one change per key, with no window or shuffle of its own.
+reads the batch already reduced to one change per key, with no window or shuffle of its own,
+and `_sluice_delete`, true on the same row when the key may be in the table before the batch
+(see `key_masks`: a key whose first change in the batch is an insert is not).
 
 Invariants:
 - The current state of a keyed table applies, per key, the batch's last change by
@@ -21,19 +24,28 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from sluice.spark_sink import eqdelete
 from sluice.spark_sink.tables import CHANGELOG_META, CURRENT_META, TableState, q
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)$")
 BATCH_VIEW = "sluice_batch"
 LATEST = "_sluice_latest"   # frame-only column: the batch's last change of its key
+DELETE = "_sluice_delete"   # frame-only column: LATEST, and the key may be in the table already
+FRAME_ONLY = (LATEST, DELETE)
 _OP, _CTS, _SEQ = 0, 1, 2
 _META_WIDTH = len(CHANGELOG_META)
-# How a keyed current table takes a batch: DELETE of the batch's keys, then an append of their
-# last images (the sink's way), or one MERGE INTO (kept for bench/spark_sink.py's comparison).
-DELETE_KEYS, MERGE = "delete", "merge"
+# How a keyed current table takes a batch (config `current-state`): a DELETE of the keys the
+# batch changes (a Spark job that scans the table), or an equality-delete file of those keys
+# committed through the Iceberg API (no scan; eqdelete.py), then an append of their last
+# images. MERGE (one MERGE INTO) and DELETE_ALL (the DELETE of every changed key, inserts'
+# included: the sink before the insert-first rule) are kept for bench/spark_sink.py's
+# same-invocation comparison only; the config does not accept them.
+DELETE_KEYS, EQUALITY_DELETES = "delete", "equality-deletes"
+MERGE, DELETE_ALL = "merge", "delete-all"
+CURRENT_STATE_METHODS = (DELETE_KEYS, EQUALITY_DELETES)
 _VIEW_IDS = itertools.count(1)
 
 
@@ -53,35 +65,74 @@ def arrow_type(spark_ddl: str) -> Any:
     raise ValueError(f"no Arrow type for Spark type {spark_ddl!r}")
 
 
-def latest_mask(st: TableState, rows: Sequence[tuple[Any, ...]]) -> list[bool]:
-    """True on each key's last change in rows by (`_commit_ts`, `_seq`). Keys compare as Python
-    values (binary strings, exact decimals), as Spark's `<=>` compares them."""
+def key_masks(st: TableState, rows: Sequence[tuple[Any, ...]]) -> tuple[list[bool], list[bool]]:
+    """(latest, delete): latest is true on each key's last change in rows by (`_commit_ts`,
+    `_seq`); delete is true on the same row unless the key's FIRST change in rows is an insert
+    (`c`). Keys compare as Python values (binary strings, exact decimals), as Spark's `<=>`
+    compares them.
+
+    Why an insert-first key needs no delete: the source's key is unique, and the current table
+    holds the source's state as of the table's skip point, which is where rows start (the
+    sink's skip points drop everything the table already holds, so a replay after a crash
+    never sees its own earlier inserts here; BatchFrame.write_current falls back to deleting
+    every changed key when it writes only part of its rows). An INSERT of K at that state
+    means K was absent; a key change K1 -> K2 is a `d` of K1 (in the set) and a `c` of K2
+    (absent before, by the same argument). Where it could fail, and why it does not:
+    - snapshot reads (`r`) are upserts of rows the table may already hold (a re-snapshot):
+      they are never insert-first, so their keys are deleted;
+    - a key of the current table that is not the source's: after ADD/CHANGE PRIMARY KEY the
+      current table keeps its rows (tables.plan does not rebuild it), and they are the source's
+      rows, unique under the new key as the source enforced it; a table that diverged from
+      the source otherwise (a table skipped by on-unmappable = skip-table, then taken up again
+      by a new shape, keeps its stale current table: CREATE ... IF NOT EXISTS) would get a
+      duplicate where the DELETE of every key would have overwritten the stale row. That
+      table is wrong either way (its deletes were skipped too)."""
     names = [c.name.lower() for c in st.columns]
     pos = [_META_WIDTH + names.index(k.lower()) for k in st.key]
+    if any(c.stype.strip().upper() == "BINARY" for c in key_columns(st)):
+        # Binary values arrive as bytearray (unhashable): key them as bytes.
+        def key(r: tuple[Any, ...]) -> Any:
+            k = tuple(bytes(r[j]) if isinstance(r[j], bytearray) else r[j] for j in pos)
+            return k if len(k) > 1 else k[0]
+        return _masks(rows, key)
+    if len(pos) == 1:
+        p = pos[0]
+        return _masks(rows, lambda r: r[p])
+    return _masks(rows, lambda r: tuple(r[j] for j in pos))
+
+
+def _masks(rows: Sequence[tuple[Any, ...]],
+           key: Callable[[tuple[Any, ...]], Any]) -> tuple[list[bool], list[bool]]:
     order = [(r[_CTS], r[_SEQ]) for r in rows]
     if any(a > b for a, b in zip(order, order[1:])):
         # Buffered in stream order, so this is only a defensive path (a replay's rows).
-        idx = sorted(range(len(rows)), key=order.__getitem__)
+        idx: Sequence[int] = sorted(range(len(rows)), key=order.__getitem__)
     else:
         idx = range(len(rows))
     last: dict[Any, int] = {}
-    if len(pos) == 1:
-        p = pos[0]
-        for i in idx:
-            last[rows[i][p]] = i
-    else:
-        for i in idx:
-            r = rows[i]
-            last[tuple(r[j] for j in pos)] = i
-    mask = [False] * len(rows)
-    for i in last.values():
-        mask[i] = True
-    return mask
+    first_insert: dict[Any, bool] = {}
+    for i in idx:
+        r = rows[i]
+        k = key(r)
+        last[k] = i
+        if k not in first_insert:
+            first_insert[k] = r[_OP] == "c"
+    latest = [False] * len(rows)
+    delete = [False] * len(rows)
+    for k, i in last.items():
+        latest[i] = True
+        delete[i] = not first_insert[k]
+    return latest, delete
+
+
+def latest_mask(st: TableState, rows: Sequence[tuple[Any, ...]]) -> list[bool]:
+    """True on each key's last change in rows by (`_commit_ts`, `_seq`)."""
+    return key_masks(st, rows)[0]
 
 
 def batch_arrow(st: TableState, rows: Sequence[tuple[Any, ...]]) -> Any:
     """rows as an Arrow table: every changelog column (unmapped ones NULL), and for a keyed
-    table the `_sluice_latest` mask."""
+    table the `_sluice_latest` and `_sluice_delete` masks."""
     import pyarrow as pa
     cols = [*CHANGELOG_META, *((c.cl, c.stype) for c in st.columns)]
     extra = list(st.cl_extra)
@@ -91,23 +142,33 @@ def batch_arrow(st: TableState, rows: Sequence[tuple[Any, ...]]) -> Any:
     arrays += [pa.nulls(n, type=arrow_type(t)) for _, t in extra]
     names = [c for c, _ in cols] + [c for c, _ in extra]
     if st.key:
-        arrays.append(pa.array(latest_mask(st, rows), type=pa.bool_()))
-        names.append(LATEST)
+        latest, delete = key_masks(st, rows)
+        arrays += [pa.array(latest, type=pa.bool_()), pa.array(delete, type=pa.bool_())]
+        names += [LATEST, DELETE]
     return pa.Table.from_arrays(arrays, names=names)
 
 
 class BatchFrame:
     """One table's rows of a batch as one Spark DataFrame, built once for both of its writes.
-    `since`: the rows are those with `_commit_ts` > since (the lower of the two skip points)."""
+    `since`: the rows are those with `_commit_ts` > since (the lower of the two skip points).
+    `current_by`: how a keyed current table takes it (DELETE_KEYS, EQUALITY_DELETES, or the
+    bench's MERGE / DELETE_ALL)."""
 
     def __init__(self, spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]], since: int,
                  current_by: str = DELETE_KEYS) -> None:
         self.spark, self.st, self.since = spark, st, since
-        self.by_delete = bool(st.key) and current_by == DELETE_KEYS
-        self.frame = spark.createDataFrame(batch_arrow(st, rows))
+        self.current_by = current_by if st.key else ""
+        if self.current_by == EQUALITY_DELETES and not eqdelete.supported(
+                [c.stype for c in key_columns(st)]):
+            self.current_by = DELETE_KEYS
+        self.by_delete = self.current_by in (DELETE_KEYS, DELETE_ALL, EQUALITY_DELETES)
+        self.arrow = batch_arrow(st, rows)
+        self.frame = spark.createDataFrame(self.arrow)
         # The session's temp views are shared by all threads: tables written at once need
         # views of their own.
         self.view = f"{BATCH_VIEW}_{next(_VIEW_IDS)}"
+        # What the last write_current did (tests and the bench read it): keys removed, and how.
+        self.removed: tuple[str, int] = ("", 0)
 
     def after(self, skip: int) -> Any:
         """The frame's rows with `_commit_ts` > skip (skip >= since)."""
@@ -118,9 +179,32 @@ class BatchFrame:
 
     def write_changelog(self, target: str, skip: int) -> None:
         df = self.after(skip)
-        (df.drop(LATEST) if self.st.key else df).writeTo(target).append()
+        (df.drop(*FRAME_ONLY) if self.st.key else df).writeTo(target).append()
 
-    def write_current(self, target: str, skip: int) -> None:
+    def delete_mask(self, skip: int) -> str:
+        """The frame column that marks the keys to remove before the append, for the rows
+        after skip. Only when the write takes every row of the frame is the first change of
+        each key known (`_sluice_delete`); a partial write (a skip point inside the frame)
+        removes every key it changes."""
+        if self.current_by == DELETE_ALL or skip > self.since:
+            return LATEST
+        return DELETE
+
+    def delete_keys(self, skip: int) -> Any:
+        """The keys to remove (Arrow, named as the current table's key columns)."""
+        import pyarrow.compute as pc
+        a = self.arrow
+        mask = a.column(self.delete_mask(skip))
+        if skip > self.since:
+            mask = pc.and_(mask, pc.greater(a.column("_commit_ts"), skip))
+        keys = key_columns(self.st)
+        return a.filter(mask).select([c.cl for c in keys]).rename_columns([c.name for c in keys])
+
+    def write_current(self, target: str, skip: int,
+                      equality_delete: Callable[[Any], bool] | None = None) -> None:
+        """The batch's rows after skip into the current table `target` (our branch).
+        equality_delete(keys) commits the keys as an equality-delete file (EQUALITY_DELETES; False:
+        it could not, the SQL DELETE runs instead)."""
         df = self.after(skip)
         if self.by_delete:
             from pyspark.sql import functions as F
@@ -131,9 +215,20 @@ class BatchFrame:
         df.createOrReplaceTempView(v)
         try:
             if self.by_delete:
-                # Two commits on the sink's branch; the caller's one fast_forward publishes both
-                # (main never points at the first), so readers of main see one change.
-                self.spark.sql(delete_keys_sql(self.st, target, v))
+                # Two commits on the sink's branch (none, then one, when no key needs removing);
+                # the caller's one fast_forward publishes them (main never points at the first),
+                # so readers of main see one change.
+                keys = self.delete_keys(skip)
+                how = ""
+                if keys.num_rows:
+                    if (self.current_by == EQUALITY_DELETES and equality_delete is not None
+                            and equality_delete(keys)):
+                        how = EQUALITY_DELETES
+                    else:
+                        how = DELETE_KEYS
+                        self.spark.sql(delete_keys_sql(self.st, target, v,
+                                                       self.delete_mask(skip)))
+                self.removed = (how, keys.num_rows)
                 self.spark.sql(latest_images_sql(self.st, v)).writeTo(target).append()
             elif self.st.key:
                 self.spark.sql(current_sql(self.st, target, v))
@@ -147,7 +242,7 @@ class BatchFrame:
 def changelog_frame(spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]]) -> Any:
     """The changelog DataFrame of rows: every changelog column (unmapped ones NULL)."""
     df = spark.createDataFrame(batch_arrow(st, rows))
-    return df.drop(LATEST) if st.key else df
+    return df.drop(*FRAME_ONLY) if st.key else df
 
 
 def current_sql(st: TableState, target: str, view: str = BATCH_VIEW) -> str:
@@ -168,16 +263,18 @@ def current_sql(st: TableState, target: str, view: str = BATCH_VIEW) -> str:
             f"WHEN NOT MATCHED AND s.`_op` <> 'd' THEN INSERT ({ins_cols}) VALUES ({ins_vals})")
 
 
-def delete_keys_sql(st: TableState, target: str, view: str = BATCH_VIEW) -> str:
-    """Delete from a keyed current table every row whose key the batch view changes (key
-    columns are NOT NULL: tables.key_of_info)."""
+def delete_keys_sql(st: TableState, target: str, view: str = BATCH_VIEW,
+                    mask: str = LATEST) -> str:
+    """Delete from a keyed current table every row whose key the batch view marks in `mask`
+    (LATEST: every key it changes; DELETE: those not inserted first) (key columns are NOT NULL:
+    tables.key_of_info)."""
     keys = key_columns(st)
     t_cols = ", ".join(q(c.name) for c in keys)
     s_cols = ", ".join(q(c.cl) for c in keys)
     if len(keys) > 1:
         t_cols = f"({t_cols})"
     return (f"DELETE FROM {target} WHERE {t_cols} IN (SELECT {s_cols} FROM {view} "
-            f"WHERE {q(LATEST)})")
+            f"WHERE {q(mask)})")
 
 
 def latest_images_sql(st: TableState, view: str = BATCH_VIEW) -> str:
