@@ -61,3 +61,19 @@ def rollback(start_ts: int, producer: str = "test-producer") -> bytes:
 
 def decode(payload: bytes) -> pb.Binlog:
     return pb.Binlog.FromString(payload)
+
+
+class LibraryColumn:
+    """A column as mysql-replication's TableMapEvent lists it (the fields SchemaTracker reads)."""
+
+    def __init__(self, name: str, type_: int) -> None:
+        self.name, self.type, self.unsigned = name, type_, False
+        self.collation_name = self.character_set_name = None
+        self.enum_values = self.set_values = None
+
+
+class LibraryOptionalMetadata:
+    """A TableMap's optional metadata with the first column as the primary key."""
+
+    simple_primary_key_list = [0]
+    primary_keys_with_prefix: dict = {}

@@ -10,18 +10,7 @@ from pymysqlreplication.row_event import TableMapEvent
 from sluice.capture.reader import (Assembler, BinlogProtocolError, GtidImage, RowsImage,
                                    TableMapImage, UnknownTableId, XidImage)
 from sluice.capture.schema import SchemaTracker, TableFilter
-
-
-class _Col:
-    def __init__(self, name: str, type_: int) -> None:
-        self.name, self.type, self.unsigned = name, type_, False
-        self.collation_name = self.character_set_name = None
-        self.enum_values = self.set_values = None
-
-
-class _Meta:
-    simple_primary_key_list = [0]
-    primary_keys_with_prefix: dict = {}
+from tests.support.binlogs import LibraryColumn, LibraryOptionalMetadata
 
 
 def ev(cls: type, **attrs: Any) -> Any:
@@ -40,7 +29,8 @@ def gtid(seq: int, flags: int = 12) -> Any:
 
 def table_map(table_id: int, table: str) -> Any:
     return TableMapImage(ev(TableMapEvent, table_id=table_id, schema="db", table=table,
-                            columns=[_Col("id", 3)], null_bitmask=b"\x00", optional_metadata=_Meta(),
+                            columns=[LibraryColumn("id", 3)], null_bitmask=b"\x00",
+                            optional_metadata=LibraryOptionalMetadata(),
                             dbms="mariadb"), timestamp=1_700_000_000)
 
 

@@ -18,22 +18,11 @@ from pymysqlreplication.row_event import TableMapEvent
 from sluice.capture.assembler import Assembler, SourceTxn, TxnImage
 from sluice.capture.binlog_stream import _frame, _StrictTableMap
 from sluice.capture.schema import SchemaTracker, TableFilter
+from tests.support.binlogs import LibraryColumn, LibraryOptionalMetadata
 
 _TS = 1_700_000_000
 _GTID, _XID, _TABLE_MAP, _WRITE, _UPDATE, _DELETE = 162, 16, 19, 23, 24, 25
 TABLES = {"t1": 101, "t2": 102, "skip": 103, "mark": 104, "late": 105}
-
-
-class _Col:
-    def __init__(self, name: str, type_: int) -> None:
-        self.name, self.type, self.unsigned = name, type_, False
-        self.collation_name = self.character_set_name = None
-        self.enum_values = self.set_values = None
-
-
-class _Meta:
-    simple_primary_key_list = [0]
-    primary_keys_with_prefix: dict = {}
 
 
 def _library_table_map(table_id: int, table: str) -> Any:
@@ -41,8 +30,8 @@ def _library_table_map(table_id: int, table: str) -> Any:
     e = object.__new__(TableMapEvent)
     e.packet, e.timestamp = None, _TS
     e.table_id, e.schema, e.table, e.dbms = table_id, "db", table, "mariadb"
-    e.columns = [_Col("id", 3), _Col("v", 8)]
-    e.null_bitmask, e.optional_metadata = b"\x02", _Meta()
+    e.columns = [LibraryColumn("id", 3), LibraryColumn("v", 8)]
+    e.null_bitmask, e.optional_metadata = b"\x02", LibraryOptionalMetadata()
     return e
 
 
