@@ -300,9 +300,14 @@ def spark_sql_argv(warehouse: str, *sql: str, limit: int = 100_000) -> list[str]
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child process that imports sluice from this checkout."""
+    """The environment of a child process that imports sluice from this checkout. A Spark
+    session it opens (`sluice spark-sql` has no option for JVM flags) starts with the test
+    JVM flags: pyspark appends PYSPARK_SUBMIT_ARGS to its spark-submit command, after the
+    session's own settings, so its driver options win (they carry the session's defaults)."""
+    import shlex
+    submit = f"--driver-java-options {shlex.quote(TEST_CONF['spark.driver.extraJavaOptions'])} pyspark-shell"
     return {**os.environ, "PYTHONPATH": str(REPO), "TZ": "UTC", "SPARK_LOCAL_IP": "127.0.0.1",
-            **extra}
+            "PYSPARK_SUBMIT_ARGS": submit, **extra}
 
 
 def spark_sql_proc(warehouse: str, cwd: Path, *sql: str) -> subprocess.Popen[str]:
