@@ -69,6 +69,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # The cluster the demo runs
 # ---------------------------------------------------------------------------------------------
 
+# Extra Spark settings (a JSON object) for every JVM of the demo: its drainers' and its own
+# session's (which reads the drainer's [to] table). A test-speed knob, not a user option: the
+# demo's test passes the test JVM flags (tests/support/spark.py TEST_CONF).
+SPARK_CONF_ENV = "SLUICE_DEMO_SPARK_CONF"
+
+
+def _extra_spark_conf() -> dict[str, str]:
+    import json
+    text = os.environ.get(SPARK_CONF_ENV, "")
+    try:
+        extra = json.loads(text) if text else {}
+    except ValueError as e:
+        raise ConfigError(f"{SPARK_CONF_ENV} is not a JSON object: {e}") from None
+    if not isinstance(extra, dict):
+        raise ConfigError(f"{SPARK_CONF_ENV} is not a JSON object: {text[:100]}")
+    return {str(k): str(v) for k, v in extra.items()}
+
+
 def demo_spec(short: bool) -> dict[str, Any]:
     """The cluster TOML of the demo (a `sluice cluster up --config` file)."""
     return {
@@ -86,7 +104,7 @@ def demo_spec(short: bool) -> dict[str, Any]:
             "to": {"warehouse": "{data}/warehouse", "master": "local[2]", "shuffle-partitions": 2,
                    "batch-interval": 2.0 if short else 3.0, "batch-rows": 20_000,
                    "spark-conf": {"spark.ui.showConsoleProgress": "false",
-                                  "spark.driver.memory": "768m"}},
+                                  "spark.driver.memory": "768m", **_extra_spark_conf()}},
             # A generous lease: a JVM-heavy drainer on a busy machine must not lose it to a
             # late keepalive (the standby would then start a second Spark session).
             "config": {"alive-ttl": 10, "ha-margin": 1.0, "checkpoint-interval": 1.0},

@@ -7,6 +7,7 @@ out — success, failure, Ctrl-C — unless `--keep` is given.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -40,7 +41,12 @@ def test_short_demo_verifies_spark_row_for_row_and_leaves_no_process(tmp_path: P
     """The demo exits 0 only when every source table equals its Spark view, and it stops every
     process it started."""
     d = tmp_path / "demo"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TZ": "UTC", "SPARK_LOCAL_IP": "127.0.0.1"}
+    from tests.support.spark import TEST_CONF
+    # The demo's JVMs start and run like the other test JVMs (fast-start flags, the CDS
+    # archive, one shuffle partition for a few hundred rows): results do not depend on them.
+    spark_conf = {**TEST_CONF, "spark.sql.shuffle.partitions": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TZ": "UTC", "SPARK_LOCAL_IP": "127.0.0.1",
+           "SLUICE_DEMO_SPARK_CONF": json.dumps(spark_conf)}
     proc = subprocess.Popen(sluice_argv("demo", "--short", "--dir", str(d)), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

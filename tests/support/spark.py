@@ -60,16 +60,126 @@ class SparkEnv:
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
+# A class-data-sharing archive of the classes a Spark session with the sink's catalog loads
+# (JDK dynamic CDS): a test JVM maps them instead of loading, parsing and verifying them from
+# the jars. Measured side by side under the same load (docs/benchmarks.md): a session starts in
+# about half the time. Built once per checkout and classpath (the key below), by a child JVM
+# that runs a small sink-like workload and dumps its classes at exit; SLUICE_TEST_CDS=0 turns it
+# off. A JVM given an archive that does not match its classpath runs without one (-Xlog: its
+# CDS warnings would otherwise reach logs the tests read for warnings).
+CDS_DIR = REPO / ".venv" / "spark-cds"
+CDS_BUILD_TIMEOUT_S = 900.0
+
+
+def _cds_key() -> str:
+    """What the archive depends on: this checkout, the JVM, pyspark and the runtime jars."""
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+    import shutil
+    from sluice.spark_sink.session import jars
+    java = os.environ.get("JAVA_HOME") or os.path.realpath(shutil.which("java") or "java")
+    parts = [str(REPO), FAST_JVM, java, str(os.stat(java).st_mtime) if os.path.exists(java) else "",
+             importlib.metadata.version("pyspark"),
+             str(importlib.util.find_spec("pyspark").origin)]  # type: ignore[union-attr]
+    parts += [f"{j}:{os.path.getsize(j)}" for j in jars()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def cds_archive() -> Path | None:
+    """The test JVMs' CDS archive, built first when missing (once, under a lock: pytest runs in
+    several checkouts share nothing, runs in one wait for each other); None when off or when it
+    cannot be built (no jars: the session's own error comes later)."""
+    import fcntl
+    import shutil
+    import sys
+    import time
+    from sluice.core.errors import ConfigError
+    if os.environ.get("SLUICE_TEST_CDS", "1") == "0":
+        return None
+    try:
+        path = CDS_DIR / f"spark-{_cds_key()}.jsa"
+    except (ConfigError, OSError):
+        return None
+    if path.exists():
+        return path
+    CDS_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CDS_DIR / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return path
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        t0 = time.monotonic()
+        work = CDS_DIR / f"work-{os.getpid()}"
+        try:
+            r = subprocess.run([sys.executable, "-m", "tests.support.spark", "--make-cds", str(tmp),
+                                str(work)], cwd=REPO,
+                               env={**os.environ, "PYTHONPATH": str(REPO), "TZ": "UTC",
+                                    "SPARK_LOCAL_IP": "127.0.0.1", "SLUICE_TEST_CDS": "0"},
+                               capture_output=True, text=True, timeout=CDS_BUILD_TIMEOUT_S)
+            if r.returncode == 0 and tmp.exists():
+                os.replace(tmp, path)
+                print(f"tests/support/spark.py: built the test JVMs' CDS archive {path.name} in "
+                      f"{time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+            else:
+                print(f"tests/support/spark.py: no CDS archive (exit {r.returncode}): "
+                      f"{r.stderr[-2000:]}", file=sys.stderr, flush=True)
+        except subprocess.TimeoutExpired:
+            print("tests/support/spark.py: no CDS archive (its build timed out)", file=sys.stderr,
+                  flush=True)
+        finally:
+            tmp.unlink(missing_ok=True)
+            shutil.rmtree(work, ignore_errors=True)
+    return path if path.exists() else None
+
+
+def _cds_options() -> str:
+    path = cds_archive()
+    return f" -XX:SharedArchiveFile={path} -Xlog:cds*=off" if path is not None else ""
+
+
+def _make_cds(archive: str, work: str) -> None:
+    """The archive's build: a session like a test's, a sink-like workload (tables, appends,
+    MERGE, branches, metadata tables, procedures), then the JVM exits and dumps its classes."""
+    from sluice.spark_sink.session import session, shutdown_jvm
+    cfg = session_config(Path(work))
+    opts = cfg.spark_conf["spark.driver.extraJavaOptions"]
+    cfg.spark_conf["spark.driver.extraJavaOptions"] = f"{opts} -XX:ArchiveClassesAtExit={archive} -Xlog:cds*=off"
+    spark = session(cfg)
+    c = cfg.catalog
+    for sql in (f"CREATE NAMESPACE IF NOT EXISTS {c}.cds",
+                f"CREATE TABLE {c}.cds.t (id INT, v STRING, d DECIMAL(20,2), ts TIMESTAMP) USING iceberg "
+                "TBLPROPERTIES ('format-version'='2')",
+                f"INSERT INTO {c}.cds.t VALUES (1, 'a', 1.5, current_timestamp()), (2, 'b', NULL, NULL)",
+                f"ALTER TABLE {c}.cds.t CREATE BRANCH b1",
+                f"MERGE INTO {c}.cds.t.branch_b1 t USING (SELECT 1 AS id, 'z' AS v, 2.5 AS d, "
+                "current_timestamp() AS ts) s ON t.id = s.id WHEN MATCHED THEN UPDATE SET * "
+                "WHEN NOT MATCHED THEN INSERT *",
+                f"CALL {c}.system.fast_forward('cds.t', 'main', 'b1')",
+                f"DELETE FROM {c}.cds.t WHERE id = 2",
+                f"ALTER TABLE {c}.cds.t ADD COLUMN x BIGINT",
+                f"SHOW TBLPROPERTIES {c}.cds.t",
+                f"SELECT * FROM {c}.cds.t.snapshots",
+                f"SELECT count(*), max(id) FROM {c}.cds.t GROUP BY v",
+                f"CALL {c}.system.rewrite_data_files(table => 'cds.t')",
+                f"CALL {c}.system.expire_snapshots(table => 'cds.t', retain_last => 1)"):
+        spark.sql(sql).collect()
+    spark.createDataFrame([(3, "c")], "id INT, v STRING").createOrReplaceTempView("cds_src")
+    spark.sql(f"INSERT INTO {c}.cds.t (id, v) SELECT id, v FROM cds_src").collect()
+    spark.stop()
+    shutdown_jvm(CDS_BUILD_TIMEOUT_S)   # the dump runs as the JVM exits: wait for it
+
+
 def _driver_java_options() -> str:
     """The sink's own driver options (spark_sink/session.py: UTC, its log4j profile) plus
-    FAST_JVM: a spark-conf entry replaces the default, so it carries both."""
+    FAST_JVM (and the CDS archive): a spark-conf entry replaces the default, so it carries both."""
     from sluice.core.errors import ConfigError
     from sluice.spark_sink.session import LOG4J2, conf_of
     try:
         default = conf_of(SessionConfig(warehouse="/unused"))["spark.driver.extraJavaOptions"]
     except ConfigError:   # no jars (install.sh not run): the session's own error comes later
         default = f"-Duser.timezone=UTC -Dlog4j2.configurationFile={LOG4J2}"
-    return f"{default} {FAST_JVM}"
+    return f"{default} {FAST_JVM}{_cds_options()}"
 
 
 # Spark settings for a test JVM: the tests' tables hold a few hundred rows, so one shuffle
@@ -190,9 +300,14 @@ def spark_sql_argv(warehouse: str, *sql: str, limit: int = 100_000) -> list[str]
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child process that imports sluice from this checkout."""
+    """The environment of a child process that imports sluice from this checkout. A Spark
+    session it opens (`sluice spark-sql` has no option for JVM flags) starts with the test
+    JVM flags: pyspark appends PYSPARK_SUBMIT_ARGS to its spark-submit command, after the
+    session's own settings, so its driver options win (they carry the session's defaults)."""
+    import shlex
+    submit = f"--driver-java-options {shlex.quote(TEST_CONF['spark.driver.extraJavaOptions'])} pyspark-shell"
     return {**os.environ, "PYTHONPATH": str(REPO), "TZ": "UTC", "SPARK_LOCAL_IP": "127.0.0.1",
-            **extra}
+            "PYSPARK_SUBMIT_ARGS": submit, **extra}
 
 
 def spark_sql_proc(warehouse: str, cwd: Path, *sql: str) -> subprocess.Popen[str]:
@@ -269,7 +384,11 @@ def _reader_main() -> None:
 
 
 if __name__ == "__main__":
-    _reader_main()
+    import sys as _sys
+    if _sys.argv[1:2] == ["--make-cds"]:
+        _make_cds(_sys.argv[2], _sys.argv[3])
+    else:
+        _reader_main()
 
 
 # --------------------------------------------------------------------------------------------
