@@ -18,6 +18,7 @@
 //! `my_time_packed_from_binary`, `decimal2bin`; MariaDB `Field_*::unpack`.
 
 mod prewrite;
+mod wire;
 mod txnjoin;
 mod causality;
 mod txnscan;

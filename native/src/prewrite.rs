@@ -38,6 +38,7 @@ use pyo3::exceptions::{PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
+use crate::wire::{Rd, WireResult};
 use crate::DecodeError;
 
 create_exception!(sluice_native, ColumnCountError, PyValueError, "A row whose number of values fits neither the full nor the visible columns: args (n,).");
@@ -49,116 +50,6 @@ const MODE_DATE: u8 = 2;
 // ------------------------------------------------------------------------------------------------
 // wire reading
 // ------------------------------------------------------------------------------------------------
-
-struct Rd<'a> {
-    b: &'a [u8],
-    p: usize,
-    end: usize,
-}
-
-type WireResult<T> = Result<T, String>;
-
-impl<'a> Rd<'a> {
-    fn new(b: &'a [u8], start: usize, end: usize) -> Self {
-        Rd { b, p: start, end }
-    }
-
-    #[inline]
-    fn more(&self) -> bool {
-        self.p < self.end
-    }
-
-    #[inline]
-    fn varint(&mut self) -> WireResult<u64> {
-        let mut v: u64 = 0;
-        let mut shift = 0u32;
-        loop {
-            if self.p >= self.end {
-                return Err(format!("truncated varint at byte {}", self.p));
-            }
-            let x = self.b[self.p];
-            self.p += 1;
-            if shift < 64 {
-                v |= ((x & 0x7F) as u64) << shift;
-            }
-            if x < 0x80 {
-                return Ok(v);
-            }
-            shift += 7;
-            if shift >= 70 {
-                return Err(format!("varint longer than 10 bytes ending at byte {}", self.p));
-            }
-        }
-    }
-
-    #[inline]
-    fn tag(&mut self) -> WireResult<(u64, u8)> {
-        let at = self.p;
-        let t = self.varint()?;
-        let field = t >> 3;
-        if field == 0 {
-            return Err(format!("field number 0 at byte {at}"));
-        }
-        Ok((field, (t & 7) as u8))
-    }
-
-    #[inline]
-    fn span(&mut self) -> WireResult<(usize, usize)> {
-        let at = self.p;
-        let n = self.varint()?;
-        let start = self.p;
-        match (n as usize).checked_add(start) {
-            Some(e) if n <= usize::MAX as u64 && e <= self.end => {
-                self.p = e;
-                Ok((start, e))
-            }
-            _ => Err(format!("length {n} at byte {at} runs past the end of its message (byte {})", self.end)),
-        }
-    }
-
-    fn fixed(&mut self, n: usize) -> WireResult<&'a [u8]> {
-        if self.p + n > self.end {
-            return Err(format!("truncated fixed{} at byte {}", n * 8, self.p));
-        }
-        let s = &self.b[self.p..self.p + n];
-        self.p += n;
-        Ok(s)
-    }
-
-    fn skip(&mut self, wire: u8, field: u64) -> WireResult<()> {
-        self.skip_nested(wire, field, 0)
-    }
-
-    /// Groups nest: bounded like upb's default depth, so hostile bytes cannot exhaust the stack.
-    fn skip_nested(&mut self, wire: u8, field: u64, depth: u32) -> WireResult<()> {
-        match wire {
-            0 => self.varint().map(|_| ()),
-            1 => self.fixed(8).map(|_| ()),
-            2 => self.span().map(|_| ()),
-            5 => self.fixed(4).map(|_| ()),
-            3 => {
-                // a group: skip to its matching end tag
-                if depth >= 100 {
-                    return Err(format!("groups nested deeper than 100 at byte {}", self.p));
-                }
-                loop {
-                    if !self.more() {
-                        return Err(format!("unterminated group {field} at byte {}", self.p));
-                    }
-                    let (f, w) = self.tag()?;
-                    if w == 4 {
-                        if f != field {
-                            return Err(format!("group {field} closed by end tag {f} at byte {}", self.p));
-                        }
-                        return Ok(());
-                    }
-                    self.skip_nested(w, f, depth + 1)?;
-                }
-            }
-            _ => Err(format!("wire type {wire} of field {field} at byte {}", self.p)),
-        }
-    }
-}
 
 fn wire_err(what: &str, e: String) -> PyErr {
     DecodeError::new_err(format!("undecodable {what}: {e}"))

@@ -24,11 +24,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
+use crate::wire::Rd;
+
 create_exception!(sluice_native, TxnError, PyValueError, "A transaction whose binlogs cannot be joined: args (start_ts, commit_ts, reason).");
 
 const PREWRITE: i32 = 1;
 const COMMIT: i32 = 2;
-const MAX_DEPTH: u32 = 100;
 
 fn type_name(tp: i32) -> String {
     match tp {
@@ -41,112 +42,26 @@ fn type_name(tp: i32) -> String {
     }
 }
 
-struct Rd<'a> {
-    b: &'a [u8],
-    p: usize,
-}
-
-impl<'a> Rd<'a> {
-    fn varint(&mut self) -> Result<u64, String> {
-        let mut v: u64 = 0;
-        let mut shift = 0u32;
-        loop {
-            let Some(&x) = self.b.get(self.p) else {
-                return Err(format!("truncated varint at byte {}", self.p));
-            };
-            self.p += 1;
-            if shift < 64 {
-                v |= ((x & 0x7F) as u64) << shift;
-            }
-            if x < 0x80 {
-                return Ok(v);
-            }
-            shift += 7;
-            if shift >= 70 {
-                return Err(format!("varint longer than 10 bytes ending at byte {}", self.p));
-            }
-        }
-    }
-
-    fn tag(&mut self) -> Result<(u64, u8), String> {
-        let at = self.p;
-        let t = self.varint()?;
-        if t >> 3 == 0 {
-            return Err(format!("field number 0 at byte {at}"));
-        }
-        Ok((t >> 3, (t & 7) as u8))
-    }
-
-    fn bytes(&mut self) -> Result<&'a [u8], String> {
-        let at = self.p;
-        let n = self.varint()?;
-        let start = self.p;
-        if n > (self.b.len() - start) as u64 {
-            return Err(format!("length {n} at byte {at} runs past the end of its message (byte {})",
-                               self.b.len()));
-        }
-        self.p = start + n as usize;
-        Ok(&self.b[start..self.p])
-    }
-
-    fn fixed(&mut self, n: usize) -> Result<(), String> {
-        if self.p + n > self.b.len() {
-            return Err(format!("truncated fixed{} at byte {}", n * 8, self.p));
-        }
-        self.p += n;
-        Ok(())
-    }
-
-    fn skip(&mut self, wire: u8, field: u64, depth: u32) -> Result<(), String> {
-        match wire {
-            0 => self.varint().map(|_| ()),
-            1 => self.fixed(8),
-            2 => self.bytes().map(|_| ()),
-            5 => self.fixed(4),
-            3 => {
-                if depth >= MAX_DEPTH {
-                    return Err(format!("groups nested deeper than {MAX_DEPTH} at byte {}", self.p));
-                }
-                loop {
-                    if self.p >= self.b.len() {
-                        return Err(format!("unterminated group (field {field})"));
-                    }
-                    let (f, w) = self.tag()?;
-                    if w == 4 {
-                        if f != field {
-                            return Err(format!("end of group {f} inside group {field}"));
-                        }
-                        return Ok(());
-                    }
-                    self.skip(w, f, depth + 1)?;
-                }
-            }
-            4 => Err(format!("unexpected end of group {field} at byte {}", self.p)),
-            w => Err(format!("invalid wire type {w} at byte {}", self.p)),
-        }
-    }
-}
-
 /// A message's fields are well-formed wire format (nested messages are left to their parser).
 fn check_wire(b: &[u8]) -> Result<(), String> {
-    let mut r = Rd { b, p: 0 };
-    while r.p < b.len() {
+    let mut r = Rd::new(b, 0, b.len());
+    while r.more() {
         let (f, w) = r.tag()?;
-        r.skip(w, f, 0)?;
+        r.skip(w, f)?;
     }
     Ok(())
 }
 
 /// Field 1 (wire type 2) of a DrainerPullResp: the framed binlogs.
 fn split(framed: &[u8]) -> Result<Vec<&[u8]>, String> {
-    let mut r = Rd { b: framed, p: 0 };
+    let mut r = Rd::new(framed, 0, framed.len());
     let mut out = Vec::new();
-    while r.p < framed.len() {
+    while r.more() {
         let (f, w) = r.tag()?;
         if f == 1 && w == 2 {
             out.push(r.bytes()?);
         } else {
-            r.skip(w, f, 0)?;
+            r.skip(w, f)?;
         }
     }
     Ok(out)
@@ -172,9 +87,9 @@ fn merge_into(slot: &mut Option<Vec<u8>>, v: &[u8]) -> Result<(), String> {
 }
 
 fn parse_binlog(b: &[u8]) -> Result<Binlog<'_>, String> {
-    let mut r = Rd { b, p: 0 };
+    let mut r = Rd::new(b, 0, b.len());
     let mut out = Binlog::default();
-    while r.p < b.len() {
+    while r.more() {
         let (f, w) = r.tag()?;
         match (f, w) {
             (1, 0) => out.tp = r.varint()? as i32,
@@ -190,7 +105,7 @@ fn parse_binlog(b: &[u8]) -> Result<Binlog<'_>, String> {
             }
             (9, 2) => merge_into(&mut out.position, r.bytes()?)?,
             (10, 2) => merge_into(&mut out.snapshot, r.bytes()?)?,
-            _ => r.skip(w, f, 0)?,
+            _ => r.skip(w, f)?,
         }
     }
     Ok(out)
