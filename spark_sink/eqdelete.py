@@ -20,6 +20,7 @@ import logging
 import uuid
 from typing import Any
 
+from sluice.core.errors import FailedPrecondition
 from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def commit_equality_deletes(catalog: Any, db: str, table: str, branch: str, keys
     for name in keys.column_names:
         f = schema.caseInsensitiveFindField(name)
         if f is None:
-            raise ValueError(f"spark sink: table {db}.{table} has no column {name!r} for its "
+            raise FailedPrecondition(f"spark sink: table {db}.{table} has no column {name!r} for its "
                              "equality deletes")
         ids.append(int(f.fieldId()))
         fields.append(pa.field(str(f.name()), keys.schema.field(name).type,
