@@ -14,67 +14,12 @@ check), unique keys, column type text, generated columns.
 from __future__ import annotations
 
 import dataclasses
-import re
 
+from sluice.capture.ddl_lexer import Tok, TokenReader, Unparsed, orig_case, tokenize
+from sluice.capture.table_def import TableDef, apply_alter
 from sluice.proto import sluice_pb2 as pb
 
-_TOKEN = re.compile(r"""
-    (?P<ws>\s+)
-  | (?P<comment>/\*(?![!M]).*?\*/|--[ \t][^\n]*|\#[^\n]*)
-  | (?P<exec>/\*M?!\d*)            # executable comment opener: its content is code
-  | (?P<execend>\*/)
-  | (?P<quoted>`(?:[^`]|``)*`)
-  | (?P<string>'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.|"")*")
-  | (?P<number>\d+(?:\.\d+)?)
-  | (?P<word>[A-Za-z_$@][\w$@]*)
-  | (?P<punct>.)
-""", re.VERBOSE | re.DOTALL)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Tok:
-    kind: str      # ident | string | number | word | punct
-    text: str      # identifiers unquoted, words upper-cased, strings unescaped
-    # Where the token is in the statement (end exclusive): an expression is kept as written.
-    start: int = dataclasses.field(default=-1, compare=False)
-    end: int = dataclasses.field(default=-1, compare=False)
-
-    def is_(self, *words: str) -> bool:
-        return self.kind == "word" and self.text in words
-
-
-def _unescape(s: str) -> str:
-    q, body = s[0], s[1:-1]
-    body = body.replace(q + q, q)
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "0": "\0", "r": "\r"}.get(m.group(1), m.group(1)), body)
-
-
-# ------------------------------------------------------------------------------------------------
-# results
-# ------------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class TableDef:
-    """A table shape as DDL describes it (mutable while ALTERs are applied)."""
-
-    columns: list[pb.ColumnInfo]
-    indexes: list[pb.IndexInfo]
-    charset: str = ""
-    collation: str = ""
-
-    def copy(self) -> TableDef:
-        return TableDef([_copy(c) for c in self.columns], [_copy(i) for i in self.indexes], self.charset,
-                        self.collation)
-
-    def column(self, name: str) -> pb.ColumnInfo | None:
-        low = name.lower()
-        return next((c for c in self.columns if c.name.lower() == low), None)
-
-
-def _copy(m):  # type: ignore[no-untyped-def]
-    n = type(m)()
-    n.CopyFrom(m)
-    return n
+__all__ = ["Statement", "TableDef", "apply_alter", "parse", "tokenize"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,14 +37,6 @@ class Statement:
     renames: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = ()
 
 
-# ------------------------------------------------------------------------------------------------
-# the reader
-# ------------------------------------------------------------------------------------------------
-
-class _Unparsed(Exception):
-    pass
-
-
 _ALIASES = {
     "integer": "int", "int1": "tinyint", "int2": "smallint", "int3": "mediumint", "int4": "int",
     "int8": "bigint", "middleint": "mediumint", "bool": "tinyint", "boolean": "tinyint",
@@ -113,142 +50,15 @@ _NUMERIC = {"tinyint", "smallint", "mediumint", "int", "bigint", "float", "doubl
 _TEMPORAL_FSP = {"time", "datetime", "timestamp"}
 
 
-class _Reader:
-    def __init__(self, toks: list[Tok], sql: str = "") -> None:
-        self.t = toks
-        self.i = 0
-        self.sql = sql
-
-    def text(self, first: Tok, last: Tok) -> str:
-        """The statement's own text from first to last (inclusive); empty when unknown."""
-        if not self.sql or first.start < 0 or last.end < first.start:
-            return ""
-        return self.sql[first.start:last.end]
-
-    def peek(self, k: int = 0) -> Tok | None:
-        j = self.i + k
-        return self.t[j] if j < len(self.t) else None
-
-    def next(self) -> Tok:
-        tok = self.peek()
-        if tok is None:
-            raise _Unparsed("unexpected end")
-        self.i += 1
-        return tok
-
-    def accept(self, *words: str) -> bool:
-        tok = self.peek()
-        if tok is not None and tok.is_(*words):
-            self.i += 1
-            return True
-        return False
-
-    def accept_punct(self, p: str) -> bool:
-        tok = self.peek()
-        if tok is not None and tok.kind == "punct" and tok.text == p:
-            self.i += 1
-            return True
-        return False
-
-    def expect(self, *words: str) -> None:
-        if not self.accept(*words):
-            raise _Unparsed(f"expected {words}")
-
-    def expect_punct(self, p: str) -> None:
-        if not self.accept_punct(p):
-            raise _Unparsed(f"expected {p!r}")
-
-    def at_end(self) -> bool:
-        tok = self.peek()
-        return tok is None or (tok.kind == "punct" and tok.text == ";")
-
-    def ident(self) -> str:
-        tok = self.next()
-        if tok.kind == "ident":
-            return tok.text
-        if tok.kind == "word":
-            return _orig_case(tok)
-        if tok.kind == "string":  # MySQL accepts 'x' as a name in a few places
-            return tok.text
-        raise _Unparsed(f"expected a name, got {tok.text!r}")
-
-    def name(self, default_db: str) -> tuple[str, str]:
-        first = self.ident()
-        if self.accept_punct("."):
-            return first, self.ident()
-        return default_db, first
-
-    def skip_parens(self) -> list[Tok]:
-        """Consume a balanced '( ... )' and return its inner tokens."""
-        self.expect_punct("(")
-        depth, start = 1, self.i
-        while depth:
-            tok = self.next()
-            if tok.kind == "punct":
-                depth += {"(": 1, ")": -1}.get(tok.text, 0)
-        return self.t[start:self.i - 1]
-
-    def skip_until_comma(self) -> None:
-        """Skip to the next top-level ',' or ')' (not consumed) or the end."""
-        depth = 0
-        while not self.at_end():
-            tok = self.peek()
-            assert tok is not None
-            if tok.kind == "punct":
-                if tok.text == "(":
-                    depth += 1
-                elif tok.text == ")":
-                    if depth == 0:
-                        return
-                    depth -= 1
-                elif tok.text == "," and depth == 0:
-                    return
-            self.i += 1
-
-
-def _orig_case(tok: Tok) -> str:
-    """A name as written: bare words keep their original spelling for names."""
-    return tok.orig if isinstance(tok, _Word) else tok.text
-
-
-class _Word(Tok):
-    """A bare word: upper-cased for keyword checks, original spelling kept for names."""
-
-    __slots__ = ("orig",)
-
-    def __init__(self, text: str, start: int = -1, end: int = -1) -> None:
-        super().__init__("word", text.upper(), start, end)
-        object.__setattr__(self, "orig", text)
-
-
-def tokenize(sql: str) -> list[Tok]:
-    toks: list[Tok] = []
-    for m in _TOKEN.finditer(sql):
-        kind = m.lastgroup
-        text = m.group()
-        if kind in ("ws", "comment", "exec", "execend"):
-            continue
-        a, b = m.span()
-        if kind == "quoted":
-            toks.append(Tok("ident", text[1:-1].replace("``", "`"), a, b))
-        elif kind == "string":
-            toks.append(Tok("string", _unescape(text), a, b))
-        elif kind == "word":
-            toks.append(_Word(text, a, b))
-        else:
-            toks.append(Tok(kind or "punct", text, a, b))
-    return toks
-
-
 def _type_args(toks: list[Tok]) -> list[str]:
     return [t.text for t in toks if t.kind in ("number", "string")]
 
 
-def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
+def _column(r: TokenReader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
     """A column definition after its name: (column, is primary key, is unique)."""
     tok = r.next()
     if tok.kind != "word":
-        raise _Unparsed(f"expected a type for column {name}")
+        raise Unparsed(f"expected a type for column {name}")
     raw = tok.text.lower()
     if raw == "double" and r.accept("PRECISION"):
         pass
@@ -362,7 +172,7 @@ def _column(r: _Reader, name: str) -> tuple[pb.ColumnInfo, bool, bool]:
     return col, primary, unique
 
 
-def _index_columns(r: _Reader) -> list[str]:
+def _index_columns(r: TokenReader) -> list[str]:
     inner = r.skip_parens()
     cols, depth, first = [], 0, True
     for t in inner:
@@ -375,12 +185,12 @@ def _index_columns(r: _Reader) -> list[str]:
                 first = True
             continue
         if depth == 0 and first and t.kind in ("ident", "word"):
-            cols.append(_orig_case(t))
+            cols.append(orig_case(t))
             first = False
     return cols
 
 
-def _index_def(r: _Reader, table: TableDef) -> bool:
+def _index_def(r: TokenReader, table: TableDef) -> bool:
     """A table-level key/constraint at r; True if one was read (else r is unchanged)."""
     start = r.i
     constraint_name = ""
@@ -427,11 +237,11 @@ def _json_check_column(inner: list[Tok]) -> str | None:
     if (len(inner) >= 4 and inner[0].is_("JSON_VALID") and inner[1].kind == "punct"
             and inner[1].text == "(" and inner[2].kind in ("word", "ident")
             and inner[3].kind == "punct" and inner[3].text == ")"):
-        return _orig_case(inner[2])
+        return orig_case(inner[2])
     return None
 
 
-def _skip_index_name_and_type(r: _Reader) -> str:
+def _skip_index_name_and_type(r: TokenReader) -> str:
     name = ""
     p = r.peek()
     if p is not None and not (p.kind == "punct" and p.text == "("):
@@ -445,7 +255,7 @@ def _skip_index_name_and_type(r: _Reader) -> str:
     return name
 
 
-def _create_body(r: _Reader) -> TableDef:
+def _create_body(r: TokenReader) -> TableDef:
     table = TableDef([], [])
     r.expect_punct("(")
     while True:
@@ -479,7 +289,7 @@ def _create_body(r: _Reader) -> TableDef:
     return table
 
 
-def _alter_ops(r: _Reader, default_db: str) -> tuple[list[tuple], tuple[str, str] | None]:
+def _alter_ops(r: TokenReader, default_db: str) -> tuple[list[tuple], tuple[str, str] | None]:
     ops: list[tuple] = []
     new_name = None
     while not r.at_end():
@@ -489,7 +299,7 @@ def _alter_ops(r: _Reader, default_db: str) -> tuple[list[tuple], tuple[str, str
                                        "SPATIAL", "FOREIGN", "CHECK"):
                 probe = TableDef([], [])
                 if not _index_def(r, probe):
-                    raise _Unparsed("ADD constraint")
+                    raise Unparsed("ADD constraint")
                 ops.append(("add_index", probe.indexes))
             else:
                 r.accept("COLUMN")
@@ -557,15 +367,15 @@ def _alter_ops(r: _Reader, default_db: str) -> tuple[list[tuple], tuple[str, str
             r.skip_until_comma()
         elif r.accept("CONVERT", "CHARACTER", "CHARSET", "COLLATE"):
             # CONVERT TO CHARACTER SET changes column charsets: let the TableMap say so.
-            raise _Unparsed("charset conversion")
+            raise Unparsed("charset conversion")
         else:
-            raise _Unparsed(f"ALTER clause {r.peek()}")
+            raise Unparsed(f"ALTER clause {r.peek()}")
         if not r.accept_punct(","):
             break
     return ops, new_name
 
 
-def _placement(r: _Reader) -> tuple[str, str] | None:
+def _placement(r: TokenReader) -> tuple[str, str] | None:
     if r.accept("FIRST"):
         return ("first", "")
     if r.accept("AFTER"):
@@ -573,12 +383,12 @@ def _placement(r: _Reader) -> tuple[str, str] | None:
     return None
 
 
-def _if_exists(r: _Reader) -> None:
+def _if_exists(r: TokenReader) -> None:
     if r.accept("IF"):
         r.expect("EXISTS")
 
 
-def _if_not_exists(r: _Reader) -> None:
+def _if_not_exists(r: TokenReader) -> None:
     if r.accept("IF"):
         r.expect("NOT")
         r.expect("EXISTS")
@@ -590,13 +400,13 @@ def parse(sql: str, default_db: str) -> Statement | None:
     Raises nothing: a DDL statement it cannot read becomes OTHER (or an ALTER without ops).
     """
     toks = tokenize(sql)
-    r = _Reader(toks, sql)
+    r = TokenReader(toks, sql)
     try:
         return _statement(r, default_db)
-    except (_Unparsed, IndexError, ValueError):
+    except (Unparsed, IndexError, ValueError):
         first = toks[0].text if toks else ""
         if first == "ALTER" and len(toks) > 2 and toks[1].is_("TABLE", "ONLINE", "IGNORE"):
-            r = _Reader(toks)
+            r = TokenReader(toks)
             r.expect("ALTER")
             r.accept("ONLINE")
             r.accept("IGNORE")
@@ -605,14 +415,14 @@ def parse(sql: str, default_db: str) -> Statement | None:
                 _if_exists(r)
                 db, table = r.name(default_db)
                 return Statement(pb.ALTER_TABLE, db, table, alter_ops=None)
-            except (_Unparsed, IndexError):
+            except (Unparsed, IndexError):
                 pass
         if first in ("CREATE", "ALTER", "DROP", "RENAME", "TRUNCATE"):
             return Statement(pb.OTHER, default_db)
         return None
 
 
-def _statement(r: _Reader, default_db: str) -> Statement | None:
+def _statement(r: TokenReader, default_db: str) -> Statement | None:
     if r.accept("CREATE"):
         r.accept("OR") and r.expect("REPLACE")
         if r.accept("TEMPORARY"):
@@ -697,102 +507,3 @@ def _statement(r: _Reader, default_db: str) -> Statement | None:
         db, table = r.name(default_db)
         return Statement(pb.TRUNCATE_TABLE, db, table)
     return None
-
-
-def apply_alter(tdef: TableDef, ops: tuple[tuple, ...]) -> TableDef:
-    """The shape after ALTER ops; raises KeyError when an op names a column the shape lacks.
-
-    Idempotent for additions: ADD of a column or key the shape already has replaces it, so a
-    statement replayed against a model that already reflects it leaves the model unchanged.
-    """
-    t = tdef.copy()
-
-    def index_of(name: str) -> int:
-        low = name.lower()
-        for i, c in enumerate(t.columns):
-            if c.name.lower() == low:
-                return i
-        raise KeyError(name)
-
-    def place(col: pb.ColumnInfo, where: tuple[str, str] | None, default: int) -> None:
-        if where is None:
-            t.columns.insert(default, col)
-        elif where[0] == "first":
-            t.columns.insert(0, col)
-        else:
-            t.columns.insert(index_of(where[1]) + 1, col)
-
-    def set_pk(name: str) -> None:
-        t.indexes[:] = [i for i in t.indexes if not i.primary]
-        t.indexes.insert(0, pb.IndexInfo(name="PRIMARY", columns=[name], primary=True, unique=True))
-
-    def add_unique(idx: pb.IndexInfo) -> None:
-        t.indexes[:] = [i for i in t.indexes if i.primary or i.name.lower() != idx.name.lower()]
-        t.indexes.append(idx)
-
-    for op in ops:
-        kind = op[0]
-        if kind == "add":
-            _, col, where, primary, unique = op
-            try:
-                # Already there: the model is newer than this statement (seeded from SHOW CREATE
-                # TABLE after a restart behind the source). Re-applying must not duplicate it.
-                existing = index_of(col.name)
-            except KeyError:
-                place(col, where, len(t.columns))
-            else:
-                del t.columns[existing]
-                place(col, where, existing)
-            if primary:
-                set_pk(col.name)
-            elif unique:
-                add_unique(pb.IndexInfo(name=col.name, columns=[col.name], unique=True))
-        elif kind == "drop":
-            i = index_of(op[1])
-            name = t.columns[i].name.lower()
-            del t.columns[i]
-            for idx in list(t.indexes):
-                if any(c.lower() == name for c in idx.columns):
-                    kept = [c for c in idx.columns if c.lower() != name]
-                    if kept:
-                        del idx.columns[:]
-                        idx.columns.extend(kept)
-                    else:
-                        t.indexes.remove(idx)
-        elif kind == "modify":
-            _, old, col, where, primary, unique = op
-            i = index_of(old)
-            old_name = t.columns[i].name
-            del t.columns[i]
-            place(col, where, i)
-            if old_name != col.name:
-                for idx in t.indexes:
-                    cols = [col.name if c.lower() == old_name.lower() else c for c in idx.columns]
-                    del idx.columns[:]
-                    idx.columns.extend(cols)
-            if primary:
-                set_pk(col.name)
-        elif kind == "rename_col":
-            i = index_of(op[1])
-            old_name = t.columns[i].name
-            t.columns[i].name = op[2]
-            for idx in t.indexes:
-                cols = [op[2] if c.lower() == old_name.lower() else c for c in idx.columns]
-                del idx.columns[:]
-                idx.columns.extend(cols)
-        elif kind == "add_index":
-            for idx in op[1]:
-                if idx.primary:
-                    t.indexes[:] = [i for i in t.indexes if not i.primary]
-                    t.indexes.insert(0, idx)
-                elif idx.unique:
-                    add_unique(idx)
-        elif kind == "drop_pk":
-            t.indexes[:] = [i for i in t.indexes if not i.primary]
-        elif kind == "drop_index":
-            t.indexes[:] = [i for i in t.indexes if i.name.lower() != op[1].lower() or i.primary]
-        elif kind == "rename_index":
-            for idx in t.indexes:
-                if idx.name.lower() == op[1].lower():
-                    idx.name = op[2]
-    return t
