@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from sluice.ctl import cluster_config as cc
+from sluice.ctl import config_reference as cref
 from sluice.ctl.cluster import Recorded, read_state, running, write_state
 from tests.support.procs import REPO, sluice_argv, wait_until
 
@@ -156,19 +157,19 @@ def test_a_bad_key_fails_up_before_anything_starts(cluster_dir: Path) -> None:
 def test_docs_config_md_names_every_key_of_every_config() -> None:
     """docs/config.md cannot drift: it names every key of every config class in this build."""
     text = (REPO / "docs" / "config.md").read_text()
-    start, end = text.find(cc.BEGIN), text.find(cc.END)
+    start, end = text.find(cref.BEGIN), text.find(cref.END)
     assert 0 <= start < end, "docs/config.md lost its generated-region markers"
     generated = text[start:end]
     missing = []
-    for title, cls, prefix in cc.reference_sections():
+    for title, cls, prefix in cref.reference_sections():
         section = generated.split(f"### {title}\n", 1)
         if len(section) < 2:
             missing.append(f"section {title!r}")
             continue
         body = section[1].split("\n### ", 1)[0]
-        missing += [f"{title}: {d.key}" for d in cc.key_docs(cls, prefix) if f"`{d.key}`" not in body]
+        missing += [f"{title}: {d.key}" for d in cref.key_docs(cls, prefix) if f"`{d.key}`" not in body]
     assert not missing, ("docs/config.md is out of date; run `.venv/bin/python -m "
-                         f"sluice.ctl.cluster_config --write`. Missing: {missing[:10]}")
+                         f"sluice.ctl.config_reference --write`. Missing: {missing[:10]}")
 
 
 def test_generated_configs_round_trip_through_toml(tmp_path: Path) -> None:
