@@ -66,6 +66,13 @@ class ApplyShape:
     qualified: str = dataclasses.field(init=False, compare=False, repr=False)
     sql_name: str = dataclasses.field(init=False, compare=False, repr=False)      # `schema`.`table`
     sql_columns: str = dataclasses.field(init=False, compare=False, repr=False)   # (`a`,`b`): writable
+    # Statement heads of drainer/sql.py's merged statements, built once per shape.
+    sql_ident: tuple[str, ...] = dataclasses.field(init=False, compare=False, repr=False)  # quoted identity columns
+    sql_delete: str = dataclasses.field(init=False, compare=False, repr=False)     # DELETE FROM `s`.`t` WHERE
+    sql_insert: str = dataclasses.field(init=False, compare=False, repr=False)     # INSERT INTO `s`.`t` (..) VALUES
+    sql_replace: str = dataclasses.field(init=False, compare=False, repr=False)    # REPLACE INTO `s`.`t` (..) VALUES
+    sql_upsert: str = dataclasses.field(init=False, compare=False, repr=False)     # ON DUPLICATE KEY UPDATE ...
+    value_cols: list[int] | None = dataclasses.field(init=False, compare=False, repr=False)  # writable; None: all
     key_specs: tuple[tuple[str, tuple[int, ...], bool], ...] = dataclasses.field(
         init=False, compare=False, repr=False)   # (key prefix, columns, primary) per unique index
     bit_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
@@ -79,6 +86,14 @@ class ApplyShape:
         set_(self, "qualified", qualified)
         set_(self, "sql_name", f"{quote_id(self.schema)}.{quote_id(self.table)}")
         set_(self, "sql_columns", "(" + ",".join(quote_id(self.columns[i]) for i in self.writable) + ")")
+        name = self.sql_name
+        set_(self, "sql_ident", tuple(quote_id(self.columns[i]) for i in self.identity))
+        set_(self, "sql_delete", f"DELETE FROM {name} WHERE ")
+        set_(self, "sql_insert", f"INSERT INTO {name} {self.sql_columns} VALUES ")
+        set_(self, "sql_replace", f"REPLACE INTO {name} {self.sql_columns} VALUES ")
+        set_(self, "sql_upsert", " ON DUPLICATE KEY UPDATE " + ",".join(
+            f"{c}=VALUES({c})" for c in (quote_id(self.columns[i]) for i in self.writable)))
+        set_(self, "value_cols", None if len(self.writable) == len(self.columns) else list(self.writable))
         set_(self, "key_specs", tuple((f"{qualified}\x00{name}\x00", cols, primary)
                                       for name, cols, primary in self.unique))
         set_(self, "bit_columns", frozenset(i for i, t in enumerate(self.data_types) if t == "bit"))
