@@ -190,6 +190,9 @@ def decode_mutation(txn: Txn, m: MutationSpan, shape: ApplyShape
         raise AssertionError("unreachable") from None
 
 
+_DECODE_ERRORS = (sluice_native.DecodeError, sluice_native.ColumnCountError, sluice_native.DecimalTextError)
+
+
 # --------------------------------------------------------------------------------------------
 # Causality keys
 # --------------------------------------------------------------------------------------------
@@ -229,6 +232,8 @@ class Translator:
 
     def __init__(self) -> None:
         self._shapes: dict[tuple[int, str | None, str | None], tuple[pb.TableInfo, ApplyShape]] = {}
+        # translate's cache: id(info) -> (info, schema, table, shape) of the last names met.
+        self._by_info: dict[int, tuple[pb.TableInfo, str, str, ApplyShape]] = {}
 
     def shape(self, info: pb.TableInfo, schema: str | None = None, table: str | None = None) -> ApplyShape:
         """The shape of info (under schema.table when given); one object per version and name,
@@ -254,10 +259,24 @@ class Translator:
         out: list[RowChange] = []
         append = out.append
         insert_kind = UPSERT if snapshot_chunk else INSERT
+        by_info = self._by_info
         for m in mutations:
-            shape = self.shape(m.info, m.schema, m.table)
+            info, name, table, payload, start, end = m
+            hit = by_info.get(id(info))
+            # The cached TableInfo object is kept alive in the entry, so its id cannot be reused.
+            if hit is not None and hit[0] is info and hit[1] == name and hit[2] == table:
+                shape = hit[3]
+            else:
+                shape = self.shape(info, name, table)
+                if len(by_info) > 4096:
+                    by_info.clear()
+                by_info[id(info)] = (info, name, table, shape)
             keys = shape.keys
-            for tp, before, after in decode_mutation(txn, m, shape):
+            try:
+                rows = shape.decoder.decode(payload, start, end)
+            except _DECODE_ERRORS:
+                rows = decode_mutation(txn, m, shape)   # raises the named error
+            for tp, before, after in rows:
                 if tp == _UPDATE:
                     append(RowChange(UPDATE, shape, commit_ts, before, after,
                                      keys.update_keys(before, after)))
