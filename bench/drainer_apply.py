@@ -34,10 +34,26 @@ alternate, the median of --decode-repeat rounds, the load average of each round 
 Wall-clock times; the sides alternate per repeat and the median is reported. The machine is
 shared: the load average is printed with the results; compare ratios within one run only.
 
+sysbench shape (issue 23, `--sysbench`): 4 tables `sbtest1..4` pre-filled with --sb-rows rows,
+each transaction sysbench `oltp_write_only`'s writes (an index update, a non-index update, a
+delete and the insert of that id back), every COMMIT positioned as the capture's are. The
+drainer's MySQL step per transaction as the syncer runs it — `Txn.from_framed` of the merged
+bytes, then `MySQLSink.apply` — fed --apply-batch transactions per call, paced at --rate
+transactions per second (a bounded rate: small batches, partial worker batches nudged out),
+then flushed. Old and new trees alternate within every round, each in its own process
+(`--base-rev`: the baseline tree from `git archive`, its `sluice.*` packages imported from
+there, the native module shared); reported: CPU ms per transaction of the drainer process
+(user + system, all threads) and of mariadbd, and the CPU µs per transaction of the in-process
+stages (`from_framed`, `translate`, `batch_sql` over 20-row worker batches; process_time, gc
+off, the least of 3 passes); medians over --repeat rounds, load average per run. Each run's downstream is checked
+equal to the workload's model.
+
 Run: .venv/bin/python bench/drainer_apply.py [--txns 50000] [--keys N (default: --txns)]
      [--workers 4,16] [--keyless both|with|without] [--batch 20] [--backlog 500] [--repeat 1]
      [--durable]   (--durable: innodb_flush_log_at_trx_commit=1, sync_binlog=1)
      [--paths native,python] [--decode-repeat 5] [--decode-only]
+     .venv/bin/python bench/drainer_apply.py --sysbench [--base-rev HEAD~1] [--txns 8000]
+     [--sb-rows 10000] [--apply-batch 16] [--rate 1500] [--repeat 3]
 """
 from __future__ import annotations
 
@@ -55,6 +71,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--sysbench-child" in sys.argv and "--tree" in sys.argv:
+    # A baseline tree (base_tree): its `sluice.*` and `tests.*` come first.
+    _tree = sys.argv[sys.argv.index("--tree") + 1]
+    sys.path[0:0] = [str(Path(_tree) / "_ns"), _tree] if (Path(_tree) / "_ns").exists() else [_tree]
 
 from sluice.drainer.sink import Checkpoint  # noqa: E402
 from sluice.drainer.sinks.mysql import MySQLSink, MySQLSinkConfig  # noqa: E402
@@ -230,6 +250,179 @@ def check(server: MariaDBServer, wl: RandomWorkload, side: str) -> None:
         conn.close()
 
 
+# --------------------------------------------------------------------------------------------
+# sysbench shape, old tree vs new tree alternating (issue 23)
+# --------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+_PACKAGES = ("proto", "core", "tso", "pump", "client", "drainer", "spark_sink", "capture", "ctl")
+
+
+def base_tree(rev: str, into: Path) -> Path:
+    """The baseline tree of rev (git archive) with a `sluice` namespace of symlinks, so a
+    process that puts `<tree>/_ns` first on sys.path imports `sluice.*` from there."""
+    import shutil
+    import subprocess
+    tree = into / "base"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    ns = tree / "_ns" / "sluice"
+    ns.mkdir(parents=True)
+    for name in _PACKAGES:
+        (ns / name).symlink_to(tree / name)
+    if not (tree / "tests/support/sysbench_rows.py").exists():
+        shutil.copy(ROOT / "tests/support/sysbench_rows.py", tree / "tests/support/sysbench_rows.py")
+    return tree
+
+
+def sb_prepare(server: MariaDBServer, args: argparse.Namespace) -> None:
+    from tests.support.sysbench_rows import SysbenchWorkload
+    wl = SysbenchWorkload(args.seed, "sbtest", rows=args.sb_rows)
+    server.execute("DROP DATABASE IF EXISTS `sbtest`")
+    server.execute("DROP DATABASE IF EXISTS `sluice_bench_cp`")
+    server.execute("CREATE DATABASE `sbtest`")
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            for t in wl.tables:
+                cur.execute(create_sql(t).replace("PRIMARY KEY (`id`)", "PRIMARY KEY (`id`), KEY `k_1` (`k`)"))
+                cur.executemany(f"INSERT INTO `sbtest`.`{t.name}` VALUES (%s,%s,%s,%s)", wl.initial_rows(t))
+            cur.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def sb_child(args: argparse.Namespace) -> None:
+    """One tree's run (its own process; sys.path was set before any sluice import)."""
+    import json
+    from sluice.drainer.sql import batch_sql
+    from sluice.drainer.txn import frame
+    from sluice.proto import sluice_pb2 as pb
+    from tests.support.rows import binlogs as make_binlogs
+    from tests.support.sysbench_rows import SysbenchWorkload
+    import pymysql
+
+    wl = SysbenchWorkload(args.seed, "sbtest", rows=args.sb_rows)
+    txns = wl.transactions(args.txns, first_ts=1 << 40)
+    history = history_of(txns)
+    framed = []
+    for i, t in enumerate(txns):
+        p, c = make_binlogs(t.prewrite, t.start_ts, t.commit_ts,
+                            position=pb.Position(file_seq=1, offset=4 + 1000 * i))
+        framed.append(frame(p + [c]))
+    n = len(framed) - 1
+    # In-process stages (gc off, process_time), before the sink run; the least of 3 passes
+    # (on a shared machine the least is the pass the other processes disturbed least).
+    stages: dict[str, float] = {}
+    for _ in range(3):
+        gc.disable()
+        t0 = time.process_time()
+        joined = [Txn.from_framed(f, "pump-1")[0] for f in framed]
+        t1 = time.process_time()
+        tr = Translator()
+        flat = [c for t in joined[1:] for c in tr.translate(t, history)]
+        t2 = time.process_time()
+        for i in range(0, len(flat), 20):
+            part = flat[i:i + 20]
+            batch_sql(part, [False] * len(part))
+        t3 = time.process_time()
+        gc.enable()
+        del joined, flat
+        for k, v in (("from_framed", (t1 - t0) / len(framed)), ("translate", (t2 - t1) / n),
+                     ("batch_sql", (t3 - t2) / n)):
+            stages[k] = min(stages.get(k, 1e9), v * 1e6)
+    gc.collect()
+    from tests.support.mariadb import ROOT_PASSWORD
+    cfg = MySQLSinkConfig(port=args.port, user="root", password=ROOT_PASSWORD, checkpoint_schema="sluice_bench_cp",
+                          txn_batch=args.batch, txn_batch_backlog=args.backlog)
+
+    async def run() -> tuple[float, float, float]:
+        s = MySQLSink(cfg, history, epoch=1, name="bench")
+        await s.open(Checkpoint(0))
+        try:
+            period = args.apply_batch / args.rate if args.rate else 0.0
+            own0, db0 = psutil.Process().cpu_times(), psutil.Process(args.db_pid).cpu_times()
+            w0 = time.perf_counter()
+            nxt = w0
+            for i in range(0, len(framed), args.apply_batch):
+                batch = [Txn.from_framed(f, "pump-1")[0] for f in framed[i:i + args.apply_batch]]
+                await s.apply(batch)
+                if period:
+                    nxt += period
+                    delay = nxt - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+            await s.flush()
+            wall = time.perf_counter() - w0
+            own1, db1 = psutil.Process().cpu_times(), psutil.Process(args.db_pid).cpu_times()
+            return (wall, own1.user + own1.system - own0.user - own0.system,
+                    db1.user + db1.system - db0.user - db0.system)
+        finally:
+            await s.close()
+
+    wall, own, db = asyncio.run(run())
+    conn = pymysql.connect(host="127.0.0.1", port=args.port, user="root", password=ROOT_PASSWORD)
+    try:
+        with conn.cursor() as cur:
+            for t in wl.tables:
+                cur.execute(f"SELECT id, k, c, pad FROM `sbtest`.`{t.name}` ORDER BY id")
+                if [tuple(r) for r in cur.fetchall()] != wl.expected(t):
+                    raise SystemExit(f"downstream sbtest.{t.name} differs from the model")
+    finally:
+        conn.close()
+    print(json.dumps({"wall": wall, "cpu_ms_txn": own / n * 1e3, "db_ms_txn": db / n * 1e3,
+                      "stages": stages, "load": os.getloadavg()[0]}))
+
+
+def sb_main(args: argparse.Namespace) -> None:
+    import json
+    import subprocess
+    started = time.perf_counter()
+    load_start = os.getloadavg()
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-sb-") as tmp:
+        base = base_tree(args.base_rev, Path(tmp))
+        server = MariaDBServer(Path(tmp) / "db").start()
+        try:
+            for r in range(args.repeat):
+                for side, tree in (("old", base), ("new", ROOT)):
+                    sb_prepare(server, args)
+                    cmd = [sys.executable, __file__, "--sysbench-child", "--tree", str(tree),
+                           "--port", str(server.port), "--db-pid", str(server.proc.pid),
+                           "--txns", str(args.txns), "--sb-rows", str(args.sb_rows), "--seed", str(args.seed),
+                           "--apply-batch", str(args.apply_batch), "--rate", str(args.rate),
+                           "--batch", str(args.batch), "--backlog", str(args.backlog)]
+                    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                    res = json.loads(out.strip().splitlines()[-1])
+                    runs[side].append(res)
+                    print(f"round {r + 1} {side}: {res['cpu_ms_txn']:.3f} ms/txn drainer, "
+                          f"{res['db_ms_txn']:.3f} mariadbd, wall {res['wall']:.1f} s, load {res['load']:.1f}, "
+                          + ", ".join(f"{k} {v:.1f} µs" for k, v in res["stages"].items()), flush=True)
+        finally:
+            server.stop()
+    med = {side: {k: statistics.median(x[k] for x in rs) for k in ("wall", "cpu_ms_txn", "db_ms_txn")}
+           for side, rs in runs.items()}
+    st_med = {side: {k: statistics.median(x["stages"][k] for x in rs) for k in rs[0]["stages"]}
+              for side, rs in runs.items()}
+    loads = [x["load"] for rs in runs.values() for x in rs]
+    print(f"# MySQL drainer, sysbench oltp_write_only shape: {args.txns} transactions (4 row changes "
+          f"each, 4 tables of {args.sb_rows} rows), apply() calls of {args.apply_batch} transactions "
+          f"paced at {args.rate or 'unbounded'} tps, txn-batch {args.batch}, 4 workers; old = "
+          f"{args.base_rev}, new = this tree; median of {args.repeat} alternating rounds")
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, load average (1 min) {load_start[0]:.1f} "
+          f"at start, {min(loads):.1f}-{max(loads):.1f} after the runs, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; total {time.perf_counter() - started:.0f} s")
+    print("| measure | old | new | old/new |")
+    print("|---|---|---|---|")
+    for k, label in (("cpu_ms_txn", "drainer CPU ms/txn (process, all threads)"),
+                     ("db_ms_txn", "mariadbd CPU ms/txn"), ("wall", "wall s")):
+        print(f"| {label} | {med['old'][k]:.3f} | {med['new'][k]:.3f} | {med['old'][k] / med['new'][k]:.2f}x |")
+    for k in st_med["old"]:
+        print(f"| stage {k}, CPU µs/txn | {st_med['old'][k]:.1f} | {st_med['new'][k]:.1f} | "
+              f"{st_med['old'][k] / st_med['new'][k]:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--txns", type=int, default=50000)
@@ -248,7 +441,21 @@ def main() -> None:
                          "Python causality keys), python (the former all-Python decode)")
     ap.add_argument("--decode-repeat", type=int, default=5)
     ap.add_argument("--decode-only", action="store_true", help="only the decode + translate step")
+    ap.add_argument("--sysbench", action="store_true", help="the sysbench shape, old tree vs new")
+    ap.add_argument("--base-rev", default="HEAD~1", help="--sysbench: the baseline revision")
+    ap.add_argument("--sb-rows", type=int, default=10000)
+    ap.add_argument("--rate", type=float, default=1500, help="--sysbench: transactions per second, 0 = unpaced")
+    ap.add_argument("--sysbench-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tree", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--db-pid", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.sysbench_child:
+        sb_child(args)
+        return
+    if args.sysbench:
+        sb_main(args)
+        return
     worker_counts = [int(w) for w in args.workers.split(",")]
 
     args.keys = args.keys or args.txns

@@ -39,10 +39,12 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import decimal
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any
 
+import sluice_native
 from pymysql.converters import escape_bytes, escape_date, escape_datetime, escape_float, escape_string, escape_timedelta
 
 from sluice.drainer.translator import (DELETE, INSERT, UPDATE, UPSERT, RowChange, ApplyShape, fold, quote_id,
@@ -157,11 +159,14 @@ def _where(shape: ApplyShape, row: tuple[Any, ...]) -> str:
     return " AND ".join(parts) if parts else "1=1"
 
 
-def _values(shape: ApplyShape, row: tuple[Any, ...]) -> str:
-    lit = _LITERALS
-    if len(shape.writable) == len(row):
-        return "(" + ",".join([lit[type(v)](v) for v in row]) + ")"
-    return "(" + ",".join([literal(row[i]) for i in shape.writable]) + ")"
+# The literals of many values in one native call (native/src/sqltext.rs): None, ints, str and
+# bytes are written there exactly as `literal` writes them; every other value goes to `literal`.
+_sql_values, _sql_list = sluice_native.sql_values, sluice_native.sql_list
+
+
+def _values(shape: ApplyShape, rows: list[tuple[Any, ...]]) -> str:
+    """`(v,..),(v,..)`: the writable columns of rows (full visible-column tuples)."""
+    return _sql_values(rows, shape.value_cols, literal)
 
 
 def _columns(shape: ApplyShape) -> str:
@@ -173,7 +178,7 @@ def group_sql(g: _Group) -> list[str]:
     name = table_name(shape)
     if g.kind in (_INS, _REP):
         return [f"{g.kind} INTO {name} {_columns(shape)} VALUES "
-                + ",".join(_values(shape, op.row) for op in g.ops)]
+                + _values(shape, [op.row for op in g.ops])]
     if g.kind == _DEL:
         if shape.has_identity:
             if len(shape.identity) == 1:
@@ -208,38 +213,51 @@ def merge_table(shape: ApplyShape, changes: Sequence[RowChange], safe: bool
     if not shape.has_identity:
         return None
     ident = shape.identity
-    # exact identity -> [first before-image (None: did not exist; _UNKNOWN: a snapshot read
-    # came first), final row or None]
-    net: dict[tuple[Any, ...], list[Any]] = {}
+    # identity -> [first before-image (None: did not exist; _UNKNOWN: a snapshot read came
+    # first), final row or None]. A one-column identity is keyed by the value itself (a
+    # 1-tuple hashes, compares and sorts as its element does: the same merge, cheaper).
+    single = len(ident) == 1
+    key_of = operator.itemgetter(*ident)
+    net: dict[Any, list[Any]] = {}
     upsert = False
+    get = net.get
     for ch in changes:
         before, after = ch.before, ch.after
         if before is not None:
-            key = tuple([before[i] for i in ident])
-            e = net.get(key)
+            key = key_of(before)
+            e = get(key)
             if e is None:
                 net[key] = [before, None]
             else:
                 e[1] = None
         if after is not None:
-            key = tuple([after[i] for i in ident])
-            e = net.get(key)
+            key = key_of(after)
+            e = get(key)
             if e is None:
                 net[key] = [_UNKNOWN if ch.kind == UPSERT else None, after]
             else:
                 e[1] = after
-            upsert = upsert or ch.kind == UPSERT
-    folded: dict[tuple[str, ...], tuple[Any, ...]] = {}
+            if ch.kind == UPSERT:
+                upsert = True
+    folded: dict[Any, Any] = {}
     for key in net:
-        if None in key:
-            return None  # an identity column holding NULL: not an identity after all
+        if single:
+            if key is None:
+                return None  # an identity column holding NULL: not an identity after all
+            if type(key) is int:
+                continue
+            parts = (key,)
+        else:
+            parts = key
+            if None in parts:
+                return None
         # Only text compares differently downstream than here (numbers equal in Python are one
         # dict key already).
-        if any(isinstance(v, str) for v in key):
-            if folded.setdefault(tuple([fold(v) for v in key]), key) is not key:
+        if any(isinstance(v, str) for v in parts):
+            if folded.setdefault(tuple([fold(v) for v in parts]), key) is not key:
                 return None
-    others = [cols for _, cols, primary in shape.unique if cols != ident]
-    gone: list[tuple[Any, ...]] = []        # DELETE by identity
+    others = [i for _, cols, _ in shape.unique if cols != ident for i in cols]
+    gone: list[Any] = []                    # DELETE by identity
     fresh: list[tuple[Any, ...]] = []       # INSERT (REPLACE)
     kept: list[tuple[Any, ...]] = []        # existed, every unique value unchanged: upsert in place
     for key, (first, final) in net.items():
@@ -252,7 +270,7 @@ def merge_table(shape: ApplyShape, changes: Sequence[RowChange], safe: bool
                 fresh.append(final)
         elif final is None:
             gone.append(key)
-        elif all(first[i] == final[i] for cols in others for i in cols):
+        elif all(first[i] == final[i] for i in others):
             kept.append(final)
         else:
             # A unique value moves: the old row goes first, so no final row meets it.
@@ -263,34 +281,27 @@ def merge_table(shape: ApplyShape, changes: Sequence[RowChange], safe: bool
     # next-key locks on unique indexes cause between transactions touching disjoint keys.
     try:
         gone.sort()
-        fresh.sort(key=lambda r: [r[i] for i in ident])
-        kept.sort(key=lambda r: [r[i] for i in ident])
+        fresh.sort(key=key_of)
+        kept.sort(key=key_of)
     except TypeError:
         pass  # mixed value types in one column: any order is correct, only slower
-    name = table_name(shape)
     out: list[tuple[str, list[RowChange]]] = []
     carried = list(changes)
     n = MAX_ROWS_PER_STATEMENT
     for i in range(0, len(gone), n):
         part = gone[i:i + n]
-        if len(ident) == 1:
-            cond = f"{quote_id(shape.columns[ident[0]])} IN ({','.join([literal(k[0]) for k in part])})"
+        if single:
+            cond = f"{shape.sql_ident[0]} IN ({_sql_list(part, literal)})"
         else:
-            cols = [quote_id(shape.columns[c]) for c in ident]
+            cols = shape.sql_ident
             cond = " OR ".join("(" + " AND ".join(f"{c} = {literal(v)}" for c, v in zip(cols, k)) + ")"
                                for k in part)
-        out.append((f"DELETE FROM {name} WHERE {cond}", carried))
-    verb = _REP if safe or upsert else _INS
-    head = f"{verb} INTO {name} {_columns(shape)} VALUES "
+        out.append((shape.sql_delete + cond, carried))
+    head = shape.sql_replace if safe or upsert else shape.sql_insert
     for i in range(0, len(fresh), n):
-        out.append((head + ",".join([_values(shape, r) for r in fresh[i:i + n]]), carried))
-    if kept:
-        update = ",".join(f"{c}=VALUES({c})" for c in (quote_id(shape.columns[i]) for i in shape.writable)
-                         )
-        head = f"INSERT INTO {name} {_columns(shape)} VALUES "
-        for i in range(0, len(kept), n):
-            out.append((head + ",".join([_values(shape, r) for r in kept[i:i + n]])
-                        + f" ON DUPLICATE KEY UPDATE {update}", carried))
+        out.append((head + _values(shape, fresh[i:i + n]), carried))
+    for i in range(0, len(kept), n):
+        out.append((shape.sql_insert + _values(shape, kept[i:i + n]) + shape.sql_upsert, carried))
     return out
 
 
@@ -302,7 +313,12 @@ def batch_sql(changes: Sequence[RowChange], safe: Sequence[bool]) -> list[tuple[
     in safe mode is merged in safe mode (deleting every touched identity first is always right)."""
     by_table: dict[str, list[RowChange]] = {}
     for ch in changes:
-        by_table.setdefault(table_name(ch.shape), []).append(ch)
+        name = ch.shape.sql_name
+        same = by_table.get(name)
+        if same is None:
+            by_table[name] = [ch]
+        else:
+            same.append(ch)
     any_safe = any(safe)
     out: list[tuple[str, list[RowChange]]] = []
     # Tables in name order, for the same reason as rows in identity order (merge_table).

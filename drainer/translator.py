@@ -66,6 +66,13 @@ class ApplyShape:
     qualified: str = dataclasses.field(init=False, compare=False, repr=False)
     sql_name: str = dataclasses.field(init=False, compare=False, repr=False)      # `schema`.`table`
     sql_columns: str = dataclasses.field(init=False, compare=False, repr=False)   # (`a`,`b`): writable
+    # Statement heads of drainer/sql.py's merged statements, built once per shape.
+    sql_ident: tuple[str, ...] = dataclasses.field(init=False, compare=False, repr=False)  # quoted identity columns
+    sql_delete: str = dataclasses.field(init=False, compare=False, repr=False)     # DELETE FROM `s`.`t` WHERE
+    sql_insert: str = dataclasses.field(init=False, compare=False, repr=False)     # INSERT INTO `s`.`t` (..) VALUES
+    sql_replace: str = dataclasses.field(init=False, compare=False, repr=False)    # REPLACE INTO `s`.`t` (..) VALUES
+    sql_upsert: str = dataclasses.field(init=False, compare=False, repr=False)     # ON DUPLICATE KEY UPDATE ...
+    value_cols: list[int] | None = dataclasses.field(init=False, compare=False, repr=False)  # writable; None: all
     key_specs: tuple[tuple[str, tuple[int, ...], bool], ...] = dataclasses.field(
         init=False, compare=False, repr=False)   # (key prefix, columns, primary) per unique index
     bit_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
@@ -79,6 +86,14 @@ class ApplyShape:
         set_(self, "qualified", qualified)
         set_(self, "sql_name", f"{quote_id(self.schema)}.{quote_id(self.table)}")
         set_(self, "sql_columns", "(" + ",".join(quote_id(self.columns[i]) for i in self.writable) + ")")
+        name = self.sql_name
+        set_(self, "sql_ident", tuple(quote_id(self.columns[i]) for i in self.identity))
+        set_(self, "sql_delete", f"DELETE FROM {name} WHERE ")
+        set_(self, "sql_insert", f"INSERT INTO {name} {self.sql_columns} VALUES ")
+        set_(self, "sql_replace", f"REPLACE INTO {name} {self.sql_columns} VALUES ")
+        set_(self, "sql_upsert", " ON DUPLICATE KEY UPDATE " + ",".join(
+            f"{c}=VALUES({c})" for c in (quote_id(self.columns[i]) for i in self.writable)))
+        set_(self, "value_cols", None if len(self.writable) == len(self.columns) else list(self.writable))
         set_(self, "key_specs", tuple((f"{qualified}\x00{name}\x00", cols, primary)
                                       for name, cols, primary in self.unique))
         set_(self, "bit_columns", frozenset(i for i, t in enumerate(self.data_types) if t == "bit"))
@@ -175,6 +190,9 @@ def decode_mutation(txn: Txn, m: MutationSpan, shape: ApplyShape
         raise AssertionError("unreachable") from None
 
 
+_DECODE_ERRORS = (sluice_native.DecodeError, sluice_native.ColumnCountError, sluice_native.DecimalTextError)
+
+
 # --------------------------------------------------------------------------------------------
 # Causality keys
 # --------------------------------------------------------------------------------------------
@@ -214,6 +232,8 @@ class Translator:
 
     def __init__(self) -> None:
         self._shapes: dict[tuple[int, str | None, str | None], tuple[pb.TableInfo, ApplyShape]] = {}
+        # translate's cache: id(info) -> (info, schema, table, shape) of the last names met.
+        self._by_info: dict[int, tuple[pb.TableInfo, str, str, ApplyShape]] = {}
 
     def shape(self, info: pb.TableInfo, schema: str | None = None, table: str | None = None) -> ApplyShape:
         """The shape of info (under schema.table when given); one object per version and name,
@@ -239,10 +259,24 @@ class Translator:
         out: list[RowChange] = []
         append = out.append
         insert_kind = UPSERT if snapshot_chunk else INSERT
+        by_info = self._by_info
         for m in mutations:
-            shape = self.shape(m.info, m.schema, m.table)
+            info, name, table, payload, start, end = m
+            hit = by_info.get(id(info))
+            # The cached TableInfo object is kept alive in the entry, so its id cannot be reused.
+            if hit is not None and hit[0] is info and hit[1] == name and hit[2] == table:
+                shape = hit[3]
+            else:
+                shape = self.shape(info, name, table)
+                if len(by_info) > 4096:
+                    by_info.clear()
+                by_info[id(info)] = (info, name, table, shape)
             keys = shape.keys
-            for tp, before, after in decode_mutation(txn, m, shape):
+            try:
+                rows = shape.decoder.decode(payload, start, end)
+            except _DECODE_ERRORS:
+                rows = decode_mutation(txn, m, shape)   # raises the named error
+            for tp, before, after in rows:
                 if tp == _UPDATE:
                     append(RowChange(UPDATE, shape, commit_ts, before, after,
                                      keys.update_keys(before, after)))

@@ -105,6 +105,9 @@ class MutationSpan(NamedTuple):
     end: int
 
 
+_span = tuple.__new__
+
+
 class SchemaLookup(Protocol):
     def table_at(self, table_id: int, commit_ts: int) -> pb.TableInfo | None: ...
 
@@ -198,12 +201,14 @@ class Txn:
         except sluice_native.DecodeError as e:
             raise CorruptTxn(self.pump_id, self.start_ts, commit_ts, str(e)) from None
         out: list[MutationSpan] = []
+        append = out.append
+        table_at = schema.table_at
         seq = 0
         for table_id, schema_name, table_name, version, start, end, count, problem in walked:
-            info = schema.table_at(table_id, commit_ts)
+            info = table_at(table_id, commit_ts)
             if info is None:
                 raise MissingSchema(table_id, schema_name, table_name, commit_ts)
-            if version and info.version and version != info.version:
+            if version and version != info.version and info.version:
                 log.warning("table version mismatch", extra=kv(table_id=table_id, rows_version=version, schema_version=info.version, commit_ts=commit_ts))
             if problem is not None:
                 index, tp, image = problem
@@ -212,8 +217,9 @@ class Txn:
                                      f"row change of unknown type {tp} for table id {table_id}")
                 op = "r" if snapshot_chunk and tp in (_INSERT, _READ) else _OPS[tp]
                 raise self._lacks(seq + index, table_id, op, image)
-            out.append(MutationSpan(info, info.schema_name or schema_name,
-                                    info.table_name or table_name, payload, start, end))
+            # tuple.__new__ directly: the NamedTuple's own __new__ is a Python frame per mutation.
+            append(_span(MutationSpan, (info, info.schema_name or schema_name,
+                                        info.table_name or table_name, payload, start, end)))
             seq += count
         return snapshot_chunk, out
 

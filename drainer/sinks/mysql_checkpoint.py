@@ -120,11 +120,14 @@ class _CheckpointTable:
         """`START TRANSACTION`, the shared lock on the epoch row, and a guard that fails (error
         1242) unless the epoch is ours — the first statements of a one-round-trip transaction:
         the server stops a multi-statement at its first error, so nothing after the guard runs
-        under a newer epoch."""
+        under a newer epoch. Both SELECTs write INTO session variables: the lock and the guard's
+        error are the same, but the server answers with an OK packet instead of a result set
+        (column definitions and a row for pymysql to parse, twice per worker batch)."""
         where = f"name={_q(self._name)} AND slot={EPOCH_SLOT}"
-        return (f"START TRANSACTION;\nSELECT epoch FROM {self._cp_table} WHERE {where} LOCK IN SHARE MODE;\n"
+        return (f"START TRANSACTION;\nSELECT epoch INTO @sluice_epoch FROM {self._cp_table} WHERE {where} "
+                f"LOCK IN SHARE MODE;\n"
                 f"SELECT (SELECT 1 FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {self._cp_table} WHERE "
-                f"{where} AND epoch={int(self._epoch)}) UNION ALL SELECT 2) AS sluice_epoch_guard")
+                f"{where} AND epoch={int(self._epoch)}) UNION ALL SELECT 2) INTO @sluice_epoch_guard")
 
     def _fenced(self, row: Any) -> SinkFenced:
         return SinkFenced(f"mysql sink {self._name}: fenced: this sink has epoch {self._epoch} "

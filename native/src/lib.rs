@@ -21,6 +21,7 @@ mod prewrite;
 mod wire;
 mod txnjoin;
 mod causality;
+mod sqltext;
 mod txnscan;
 
 use pyo3::create_exception;
@@ -861,5 +862,7 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TxnError", m.py().get_type::<txnjoin::TxnError>())?;
     m.add_class::<causality::KeyBuilder>()?;
     m.add_class::<txnscan::TxnScanner>()?; // the capture's per-event loop (txnscan.rs)
+    m.add_function(wrap_pyfunction!(sqltext::sql_values, m)?)?; // the MySQL sink's literals
+    m.add_function(wrap_pyfunction!(sqltext::sql_list, m)?)?;
     Ok(())
 }
