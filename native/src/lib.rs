@@ -22,6 +22,7 @@ mod wire;
 mod txnjoin;
 mod causality;
 mod txnscan;
+mod sparkrows;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
@@ -861,5 +862,6 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TxnError", m.py().get_type::<txnjoin::TxnError>())?;
     m.add_class::<causality::KeyBuilder>()?;
     m.add_class::<txnscan::TxnScanner>()?; // the capture's per-event loop (txnscan.rs)
+    m.add_class::<sparkrows::SparkRows>()?; // the Spark sink's row tuples (sparkrows.rs)
     Ok(())
 }
