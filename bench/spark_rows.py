@@ -12,9 +12,11 @@ SourceInfo, laid out as a pump's packed responses (--per-response transactions, 
 Old vs new alternate, each run a child process importing `sluice` from its tree (`--variant
 label=--tree DIR`; a baseline tree: `git archive <rev> | tar -x -C DIR`; the native module is
 this checkout's, a superset of the old one's API). Each child times every step --repeat times
-(CPU `process_time`, gc off: the steps' own cost) and once more the three steps together with
-the drainer's gc settings (drainer/main.py `tune_gc`) while the buffered rows of a whole batch
-stay alive, as they do until a Spark commit takes them. It prints CPU µs per transaction (median
+(CPU `process_time`, gc off: the steps' own cost), then --repeat times more with the drainer's
+gc settings (drainer/main.py `tune_gc`), the responses taken a twentieth at a time through the
+three steps (as the drainer interleaves them) while the buffered rows of the whole batch stay
+alive, as they do until a Spark commit takes them (`*_gc`: each step with the collections its
+own allocations trigger). It prints CPU µs per transaction (median
 of its repeats) and a digest of the buffered rows: every variant must print the same digest
 (the same tuples), or the run stops. The parent prints the medians over --rounds rounds (the
 variants' order rotates each round) with the load average (1 min) beside each.
@@ -38,7 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1 << 40
-STEPS = ("read", "join", "buffer", "total", "all_gc")
+STEPS = ("read", "join", "buffer", "total", "read_gc", "join_gc", "buffer_gc", "total_gc")
 
 
 def log(msg: str) -> None:
@@ -202,10 +204,30 @@ def child(a: argparse.Namespace) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
+    # Responses are read and transactions buffered a slice at a time, as the drainer interleaves
+    # them, so each step pays for the collections its own allocations trigger.
     for _ in range(a.repeat):
-        t0 = time.process_time()
-        buffer(join(read()))
-        got["all_gc"].append(time.process_time() - t0)
+        spent = {"read": 0.0, "join": 0.0, "buffer": 0.0}
+        sink._buf = _Buffer()
+        for lo in range(0, len(raws), max(1, len(raws) // 20)):
+            part = raws[lo:lo + max(1, len(raws) // 20)]
+            t0 = time.process_time()
+            target = Target()
+            r = PumpReader("pump-1", "127.0.0.1:1", 0, target, cluster_id=1, consumer_id="bench")
+            for raw in part:
+                r._response_packed(raw, resp_from(raw))
+            t1 = time.process_time()
+            txns = join(target.items)
+            t2 = time.process_time()
+            for txn in txns:
+                sink._buffer_txn(txn)
+            t3 = time.process_time()
+            spent["read"] += t1 - t0
+            spent["join"] += t2 - t1
+            spent["buffer"] += t3 - t2
+        for k, v in spent.items():
+            got[f"{k}_gc"].append(v)
+        got["total_gc"].append(sum(spent.values()))
         sink._buf = _Buffer()
         gc.collect()
     print(json.dumps({"digest": digest, "load": os.getloadavg()[0],

@@ -8,7 +8,7 @@ import json
 import logging
 import time
 
-from sluice_native import ColumnCountError, DecodeError, SparkRows
+from sluice_native import ColumnCountError, DecodeError, SparkRows, position_text
 from collections.abc import Callable
 from typing import Any
 
@@ -381,7 +381,11 @@ class SchemaChanges:
         src = txn.source
         ts_ms = (src.ts_ms if src is not None and src.ts_ms else
                  pos.ts_ms if pos is not None and pos.ts_ms else None)
-        return (txn.commit_ts, txn.producer_id or None,
-                format_position(pos) if pos is not None else None, ts_ms)
+        text = None
+        if pos is not None:
+            # natively from the wire form; format_position where only Python can (MySQL GTID
+            # sets, non-ASCII file names)
+            text = position_text(pos.SerializeToString()) or format_position(pos)
+        return (txn.commit_ts, txn.producer_id or None, text, ts_ms)
 
     # -- committing (commit thread) -------------------------------------------------------------

@@ -862,6 +862,7 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TxnError", m.py().get_type::<txnjoin::TxnError>())?;
     m.add_class::<causality::KeyBuilder>()?;
     m.add_class::<txnscan::TxnScanner>()?; // the capture's per-event loop (txnscan.rs)
-    m.add_class::<sparkrows::SparkRows>()?; // the Spark sink's row tuples (sparkrows.rs)
+    m.add_class::<sparkrows::SparkRows>()?; // the Spark sink's row tuples and _pos (sparkrows.rs)
+    m.add_function(wrap_pyfunction!(sparkrows::position_text, m)?)?;
     Ok(())
 }

@@ -332,3 +332,116 @@ impl SparkRows {
         Ok((rows, changes))
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// `_pos`: a Position's text, as core/position.py's format_position writes it
+// ------------------------------------------------------------------------------------------------
+
+/// The sequence number a binlog file name ends with (`\.(\d+)$`): Some(None) when it has none,
+/// None when only Python can say (non-ASCII or a newline: `\d` and `$` have Unicode rules).
+fn file_seq_of(name: &[u8]) -> Option<Option<u128>> {
+    if name.iter().any(|&c| c >= 0x80 || c == b'\n') {
+        return None;
+    }
+    let digits = name.iter().rev().take_while(|c| c.is_ascii_digit()).count();
+    if digits == 0 || digits == name.len() || name[name.len() - digits - 1] != b'.' {
+        return Some(None);
+    }
+    let mut v: u128 = 0;
+    for &c in &name[name.len() - digits..] {
+        v = v.saturating_mul(10).saturating_add((c - b'0') as u128);
+    }
+    Some(Some(v))
+}
+
+/// `format_position(Position.FromString(raw))` for a Position in canonical form (as
+/// `SerializeToString` writes it), or None where Python must write it (a MySQL GTID set, a file
+/// name that is not ASCII). Bytes that are not a Position raise DecodeError.
+#[pyfunction]
+pub fn position_text<'py>(py: Python<'py>, raw: &[u8]) -> PyResult<Option<Bound<'py, PyString>>> {
+    let err = |e: String| wire_err("position", e);
+    let (mut file_seq, mut offset, mut sub_seq, mut ts_ms, mut server_id, mut generation) = (0u64, 0u64, 0u64, 0i64, 0u32, 0u32);
+    let mut name: &[u8] = &[];
+    let mut gtids: Vec<(u32, u32, u64)> = Vec::new();
+    let mut r = Rd::new(raw, 0, raw.len());
+    while r.more() {
+        let (f, w) = r.tag().map_err(err)?;
+        match (f, w) {
+            (1, 0) => file_seq = r.varint().map_err(err)?,
+            (2, 0) => offset = r.varint().map_err(err)?,
+            (3, 0) => sub_seq = r.varint().map_err(err)?,
+            (4, 2) => {
+                let (s, e) = r.span().map_err(err)?;
+                name = &raw[s..e];
+            }
+            (5, 2) => {
+                let (s, e) = r.span().map_err(err)?;
+                let mut g = Rd::new(raw, s, e);
+                let mut v = (0u32, 0u32, 0u64);
+                while g.more() {
+                    let (gf, gw) = g.tag().map_err(err)?;
+                    match (gf, gw) {
+                        (1, 0) => v.0 = g.varint().map_err(err)? as u32,
+                        (2, 0) => v.1 = g.varint().map_err(err)? as u32,
+                        (3, 0) => v.2 = g.varint().map_err(err)?,
+                        _ => g.skip(gw, gf).map_err(err)?,
+                    }
+                }
+                gtids.push(v);
+            }
+            (6, 2) => {
+                let (s, e) = r.span().map_err(err)?;
+                if s != e {
+                    return Ok(None);
+                }
+            }
+            (7, 0) => ts_ms = r.varint().map_err(err)? as i64,
+            (8, 0) => server_id = r.varint().map_err(err)? as u32,
+            (9, 0) => generation = r.varint().map_err(err)? as u32,
+            _ => r.skip(w, f).map_err(err)?,
+        }
+    }
+    if file_seq == 0 && offset == 0 && gtids.is_empty() {
+        return Ok(Some(PyString::new(py, "empty")));
+    }
+    let name = match std::str::from_utf8(name) {
+        Ok(s) => s,
+        Err(_) => return Ok(None),
+    };
+    let mut parts: Vec<String> = Vec::with_capacity(2);
+    let mut extra: Vec<String> = Vec::with_capacity(4);
+    if file_seq != 0 || offset != 0 {
+        if !name.is_empty() {
+            match file_seq_of(name.as_bytes()) {
+                None => return Ok(None),
+                Some(seq) if seq != Some(file_seq as u128) => extra.push(format!("file-seq={file_seq}")),
+                Some(_) => {}
+            }
+            parts.push(format!("{name}:{offset}#{sub_seq}"));
+        } else {
+            parts.push(format!("{file_seq:06}:{offset}#{sub_seq}"));
+        }
+    } else {
+        if !name.is_empty() {
+            extra.push(format!("file={name}"));
+        }
+        if sub_seq != 0 {
+            extra.push(format!("sub-seq={sub_seq}"));
+        }
+    }
+    if !gtids.is_empty() {
+        let list: Vec<String> = gtids.iter().map(|(d, s, n)| format!("{d}-{s}-{n}")).collect();
+        parts.push(format!("gtid={}", list.join(",")));
+    }
+    if server_id != 0 {
+        extra.push(format!("server-id={server_id}"));
+    }
+    if ts_ms != 0 {
+        extra.push(format!("ts-ms={ts_ms}"));
+    }
+    if generation != 0 {
+        extra.push(format!("gen={generation}"));
+    }
+    parts.extend(extra);
+    Ok(Some(PyString::new(py, &parts.join(" "))))
+}

@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 import pytest
+import sluice_native
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +32,7 @@ from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import tables as T
 from sluice.spark_sink.config import SparkSinkConfig
 from sluice.spark_sink.sink import SparkSink, _Buffer
+from tests.support.pyposition import py_format_position
 from tests.support.pysparkrows import PyRows
 from tests.support.rows import Table, binlogs, col, history_of, prewrite_value, schema_txn
 
@@ -307,3 +309,28 @@ def test_random_datums_in_random_columns_buffer_as_the_python_path_did(changes: 
             ch.after.CopyFrom(after)
         out.append(ch)
     assert_same(joined(prewrite_value(HIDDEN.mutation(*out), snapshot_chunk=snapshot_chunk)), h, states)
+
+
+_names = st.sampled_from(["", "mysql-bin.000042", "mysql-bin.000001", "x", "bin.7", "a.b.000042", ".5",
+                          "7", "mysql-bin.999999999999999999999999", "bin.7\n", "bin.\u0663", "ü.1"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.builds(pb.Position, file_seq=st.sampled_from([0, 1, 7, 42, 5, 2**64 - 1]),
+                 offset=st.sampled_from([0, 4, 4242, 2**64 - 1]), file_name=_names,
+                 sub_seq=st.sampled_from([0, 1, 2**64 - 1]),
+                 gtids=st.lists(st.builds(pb.GtidPos, domain_id=st.sampled_from([0, 1, 2**32 - 1]),
+                                          server_id=st.sampled_from([0, 1, 2**32 - 1]),
+                                          seq_no=st.sampled_from([0, 99, 2**64 - 1])), max_size=3),
+                 mysql_gtid_set=st.sampled_from(["", "3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5"]),
+                 server_id=st.sampled_from([0, 1, 2**32 - 1]),
+                 ts_ms=st.sampled_from([0, -1, 1_700_000_000_123, -(2**63)]),
+                 generation=st.sampled_from([0, 2, 2**32 - 1])))
+def test_pos_column_text_is_what_format_position_writes(pos: pb.Position) -> None:
+    """The `_pos` text written natively from a Position's bytes is the former formatter's, or
+    None (then the sink calls format_position) for what only Python writes."""
+    text = sluice_native.position_text(pos.SerializeToString())
+    if text is None:
+        assert pos.mysql_gtid_set or any(ord(ch) > 127 or ch == "\n" for ch in pos.file_name)
+    else:
+        assert text == py_format_position(pos)
