@@ -337,36 +337,49 @@ class SchemaChanges:
         states, brows = self._states, buf.rows
         meta: tuple[Any, ...] | None = None
         seq = n = 0
-        for i, m in enumerate(spans):
-            info = m.info
-            tid = info.table_id
-            st = states.get(tid)
-            if st is None or st.dropped or st.skipped:
-                changes = len(txn.prewrite.mutations[i].changes)
-                if st is not None and st.skipped or not changes:
-                    # on-unmappable = skip-table: its changes still count in the rows' _seq
-                    seq += changes
-                    continue
-                raise SluiceError(f"spark sink: rows for table {m.schema}.{m.table} (id {tid}) "
-                                  "that has no Iceberg tables (no shape reached the sink)")
-            if meta is None:
-                meta = self._meta(txn)
-            rows = brows.get(tid)
-            if rows is None:
-                rows = brows[tid] = []
-            try:
-                added, changes = self._reader(st, info).decode(
-                    m.payload, m.start, m.end, seq, snapshot_chunk,
-                    (meta[0], info.version, *meta[1:]), rows)
-            except ColumnCountError as e:
-                raise InvalidArgument(
-                    f"row of {info.schema_name}.{info.table_name} (version {info.version}) has "
-                    f"{e.args[0]} values for {len(info.columns)} columns "
-                    f"({sum(not c.hidden for c in info.columns)} visible)") from None
-            except DecodeError as e:
-                raise CorruptTxn(txn.pump_id, txn.start_ts, txn.commit_ts, str(e)) from None
-            seq += changes
-            n += added
+        touched: list[tuple[int, int]] = []   # (table id, rows buffered before this transaction)
+        try:
+            for i, m in enumerate(spans):
+                info = m.info
+                tid = info.table_id
+                st = states.get(tid)
+                if st is None or st.dropped or st.skipped:
+                    changes = len(txn.prewrite.mutations[i].changes)
+                    if st is not None and st.skipped or not changes:
+                        # on-unmappable = skip-table: its changes still count in the rows' _seq
+                        seq += changes
+                        continue
+                    raise SluiceError(f"spark sink: rows for table {m.schema}.{m.table} (id {tid}) "
+                                      "that has no Iceberg tables (no shape reached the sink)")
+                if meta is None:
+                    meta = self._meta(txn)
+                rows = brows.get(tid)
+                if rows is None:
+                    rows = brows[tid] = []
+                touched.append((tid, len(rows)))
+                try:
+                    added, changes = self._reader(st, info).decode(
+                        m.payload, m.start, m.end, seq, snapshot_chunk,
+                        (meta[0], info.version, *meta[1:]), rows)
+                except ColumnCountError as e:
+                    raise InvalidArgument(
+                        f"row of {info.schema_name}.{info.table_name} (version {info.version}) has "
+                        f"{e.args[0]} values for {len(info.columns)} columns "
+                        f"({sum(not c.hidden for c in info.columns)} visible)") from None
+                except DecodeError as e:
+                    raise CorruptTxn(txn.pump_id, txn.start_ts, txn.commit_ts,
+                                     f"{m.schema}.{m.table} (table id {tid}): {e}") from None
+                seq += changes
+                n += added
+        except BaseException:
+            # A transaction is buffered whole or not at all: what it added before the error goes.
+            for tid, before in reversed(touched):
+                rows = brows.get(tid)
+                if rows is not None:
+                    del rows[before:]
+                    if not rows:
+                        del brows[tid]
+            raise
         if not seq:
             return
         buf.count += n

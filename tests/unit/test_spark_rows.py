@@ -253,6 +253,22 @@ def test_every_error_of_the_python_path_is_raised_with_its_type_and_message() ->
         assert got[0] == "error", (i, got)
 
 
+def test_a_transaction_is_buffered_whole_or_not_at_all() -> None:
+    """Rows of a transaction decoded before one of its rows fails leave the buffer: what was
+    buffered before the transaction stays as it was."""
+    h = history(OTHER, KEYLESS)
+    sink = SparkSink(SparkSinkConfig(warehouse="/nonexistent"), h, "test", 1, None, owner="test")
+    sink._states = states_for(OTHER, KEYLESS)
+    sink._buffer_txn(joined(prewrite_value(OTHER.mutation(OTHER.insert(id=1, v="a"))), commit_ts=14))
+    before = buffered(sink._buf)
+    bad = prewrite_value(OTHER.mutation(OTHER.insert(id=2, v="b")), KEYLESS.mutation(KEYLESS.insert(a=1)),
+                         OTHER.mutation(OTHER.insert(id=3, v="c"),
+                                        pb.RowChange(tp=pb.INSERT, after=pb.Row(columns=[pb.Datum(int=1)] * 3))))
+    with pytest.raises(Exception, match="has 3 values for 2 columns"):
+        sink._buffer_txn(joined(bad))
+    assert buffered(sink._buf) == before and sorted(sink._buf.rows) == [9]
+
+
 values = st.one_of(
     st.none(), st.just(pb.Datum()), st.integers(-(2**63), 2**63 - 1).map(lambda v: pb.Datum(int=v)),
     st.integers(0, 2**64 - 1).map(lambda v: pb.Datum(uint=v)),
