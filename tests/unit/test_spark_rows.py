@@ -350,3 +350,24 @@ def test_pos_column_text_is_what_format_position_writes(pos: pb.Position) -> Non
         assert pos.mysql_gtid_set or any(ord(ch) > 127 or ch == "\n" for ch in pos.file_name)
     else:
         assert text == py_format_position(pos)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("keyless", [False, True])
+def test_random_workload_buffers_as_the_python_path_did(keyless: bool) -> None:
+    """RandomWorkload's transactions (inserts, updates, deletes, key changes, every Datum kind,
+    with a keyless table) buffer the same tuples on both paths, transaction by transaction."""
+    from tests.support.rows import RandomWorkload
+    w = RandomWorkload(seed=8, schema="shop", keys=200, max_rows=4, keyless=keyless)
+    txns = w.transactions(600, 1 << 40)
+    h = history_of(txns)
+    states = states_for(*w.tables)
+    sink = SparkSink(SparkSinkConfig(warehouse="/nonexistent"), h, "test", 1, None, owner="test")
+    sink._states = dict(states)
+    buf = _Buffer()
+    py = PyRows(dict(states), h, buf)
+    for t in txns:
+        if t.prewrite.mutations:
+            sink._buffer_txn(t)
+            py.buffer_txn(t)
+    assert buffered(sink._buf)[:3] == buffered(buf)[:3] and sink._buf.count > 600
