@@ -189,33 +189,52 @@ def format_position(pos: pb.Position | None) -> str:
     `gen=` (the rewind generation).
     An empty position is "empty".
     """
-    if is_empty(pos):
+    # The Spark sink formats one per transaction (its `_pos` column): every field is read once.
+    if pos is None:
         return "empty"
-    assert pos is not None
+    file_seq, offset, name, gtids = pos.file_seq, pos.offset, pos.file_name, pos.gtids
+    mysql_gtids = pos.mysql_gtid_set
+    if not (file_seq or offset or gtids or mysql_gtids):
+        return "empty"
     parts: list[str] = []
     extra: list[str] = []
-    if _has_file(pos):
-        name = pos.file_name or f"{pos.file_seq:06d}"
-        if pos.file_name and _file_seq_of(pos.file_name) != pos.file_seq:
-            extra.append(f"file-seq={pos.file_seq}")
-        parts.append(f"{name}:{pos.offset}#{pos.sub_seq}")
+    if file_seq or offset:
+        if name:
+            if _file_seq_cached(name) != file_seq:
+                extra.append(f"file-seq={file_seq}")
+            parts.append(f"{name}:{offset}#{pos.sub_seq}")
+        else:
+            parts.append(f"{file_seq:06d}:{offset}#{pos.sub_seq}")
     else:
-        if pos.file_name:
-            extra.append(f"file={pos.file_name}")
+        if name:
+            extra.append(f"file={name}")
         if pos.sub_seq:
             extra.append(f"sub-seq={pos.sub_seq}")
-    if pos.gtids:
-        parts.append("gtid=" + ",".join(f"{g.domain_id}-{g.server_id}-{g.seq_no}"
-                                        for g in pos.gtids))
-    if pos.mysql_gtid_set:
-        parts.append("mysql-gtid=" + "".join(pos.mysql_gtid_set.split()))
-    if pos.server_id:
-        extra.append(f"server-id={pos.server_id}")
-    if pos.ts_ms:
-        extra.append(f"ts-ms={pos.ts_ms}")
-    if pos.generation:
-        extra.append(f"gen={pos.generation}")
-    return " ".join(parts + extra)
+    if gtids:
+        parts.append("gtid=" + ",".join([f"{g.domain_id}-{g.server_id}-{g.seq_no}" for g in gtids]))
+    if mysql_gtids:
+        parts.append("mysql-gtid=" + "".join(mysql_gtids.split()))
+    server_id, ts_ms, gen = pos.server_id, pos.ts_ms, pos.generation
+    if server_id:
+        extra.append(f"server-id={server_id}")
+    if ts_ms:
+        extra.append(f"ts-ms={ts_ms}")
+    if gen:
+        extra.append(f"gen={gen}")
+    return " ".join(parts + extra) if extra else " ".join(parts)
+
+
+_FILE_SEQS: dict[str, int | None] = {}
+
+
+def _file_seq_cached(name: str) -> int | None:
+    """_file_seq_of, remembered: a producer writes the same binlog file name for a long while."""
+    seq = _FILE_SEQS.get(name, -1)
+    if seq == -1:
+        if len(_FILE_SEQS) >= 1024:
+            _FILE_SEQS.clear()
+        seq = _FILE_SEQS[name] = _file_seq_of(name)
+    return seq
 
 
 def _parse_gtids(text: str, whole: str) -> list[pb.GtidPos]:

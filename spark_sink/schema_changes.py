@@ -7,6 +7,8 @@ import dataclasses
 import json
 import logging
 import time
+
+from sluice_native import ColumnCountError, DecodeError, SparkRows, position_text
 from collections.abc import Callable
 from typing import Any
 
@@ -15,14 +17,14 @@ from sluice.core.errors import InvalidArgument, SluiceError
 from sluice.core.position import format_position
 from sluice.drainer.sink import (BackgroundSink, Capabilities, Checkpoint, SinkCheckpoint,
                                  options_to_config)
-from sluice.drainer.txn import SchemaLookup, Txn
+from sluice.drainer.txn import CorruptTxn, SchemaLookup, Txn
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import tables as T
 from sluice.spark_sink import writer as W
 from sluice.spark_sink.catalog import Catalog, Summary
 from sluice.spark_sink.commit import Fenced, LostRace, OwnedByAnother, Publisher
 from sluice.spark_sink.config import SparkSinkConfig
-from sluice.spark_sink.types import RowReader, row_reader
+from sluice.spark_sink.types import _ZERO, converter, plan_columns
 from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,37 @@ COMMITS_COLUMNS = [("batch", "BIGINT"), ("epoch", "BIGINT"), ("drainer", "STRING
                    ("tables", "MAP<STRING, BIGINT>"), ("committed_at", "TIMESTAMP")]
 STATE_PROPERTY = "sluice.state"
 TABLES_PROPERTY = "sluice.tables"
+
+
+_DATUM_FIELDS = {f.name: f.number for f in pb.Datum.DESCRIPTOR.fields}
+# Converters (spark_sink/types.py) whose main kind the native decoder reads the same way.
+_MODES = {converter("TIMESTAMP"): 1, converter("DATE"): 2, converter("DECIMAL(10,0)"): 3,
+          converter("BINARY"): 4}
+
+
+def spark_rows(st: T.TableState, info: pb.TableInfo) -> SparkRows:
+    """The native decoder (native/src/sparkrows.rs) of rows of shape `info` into the tuples the
+    sink buffers for state `st`: types.py's column plans, the column order of the sink's tables
+    (tables.row_index) and the identity columns `_key_changed` compared."""
+    plans = plan_columns(info)
+    cols = list(info.columns)
+    visible = [j for j, c in enumerate(cols) if not c.hidden]
+    index = T.row_index(st, info)
+
+    def key_pos(names: list[str]) -> list[int] | None:
+        keys = [k.lower() for k in st.key]
+        if not keys or not all(k in names for k in keys):
+            return None     # a keyless table, or a key this shape lacks: whole rows compare
+        return [names.index(k) for k in keys]
+
+    return SparkRows(
+        len(cols), visible,
+        [sum(1 << _DATUM_FIELDS[k] for k in p.native) for p in plans],
+        [_MODES.get(p.convert, 0) for p in plans], [p.convert for p in plans],
+        [p.name for p in plans], index, len(st.columns),
+        key_pos([c.name.lower() for c in cols]),
+        key_pos([cols[j].name.lower() for j in visible]),
+        pb.Datum.FromString, pb.Row.FromString, _ZERO)
 
 
 class SchemaChanges:
@@ -284,79 +317,88 @@ class SchemaChanges:
 
     # -- buffering ------------------------------------------------------------------------------
 
-    def _reader(self, st: T.TableState, info: pb.TableInfo) -> tuple[RowReader, list[int] | None]:
+    def _reader(self, st: T.TableState, info: pb.TableInfo) -> SparkRows:
+        """The native decoder of rows of shape `info` into the sink's tuples for state `st`."""
         key = (info.table_id, info.version)
         r = self._readers.get(key)
         if r is None:
-            r = self._readers[key] = (row_reader(info), T.row_index(st, info))
+            r = self._readers[key] = spark_rows(st, info)
         return r
 
     def _buffer_txn(self, txn: Txn) -> None:
-        events = txn.rows(self._schema)
-        if not events:
+        """The transaction's rows as the sink's tuples, `(_op, _commit_ts, _seq, _schema_ver,
+        _producer, _pos, _ts_ms, _zero_dates, *values)`, decoded natively from the Prewrite
+        bytes (native/src/sparkrows.rs); Txn.mutations checks the transaction first (MissingSchema,
+        CorruptTxn), in the order Txn.rows would."""
+        snapshot_chunk, spans = txn.mutations(self._schema)
+        if not spans:
             return
         buf = self._buf
-        pos = format_position(txn.position) if txn.position is not None else None
-        src = txn.source
-        ts_ms = (src.ts_ms if src is not None and src.ts_ms else
-                 txn.position.ts_ms if txn.position is not None and txn.position.ts_ms else None)
-        cts, producer = txn.commit_ts, txn.producer_id or None
         states, brows = self._states, buf.rows
-        n = 0
-        for ev in events:
-            info = ev.table_info
-            tid = ev.table_id
-            st = states.get(tid)
-            if st is not None and st.skipped:
-                continue   # on-unmappable = skip-table
-            if st is None or st.dropped:
-                raise SluiceError(f"spark sink: rows for table {ev.schema}.{ev.table} (id {tid}) "
-                                  "that has no Iceberg tables (no shape reached the sink)")
-            read, index = self._reader(st, info)
-            rows = brows.get(tid)
-            if rows is None:
-                rows = brows[tid] = []
-            seq = ev.seq * 2
-            op = ev.op
-            if op == "d":
-                rows.append(self._row(read, index, st, ev.before, ("d", cts, seq, info.version, producer, pos, ts_ms)))
-            elif op == "u" and self._key_changed(st, info, ev.before, ev.after):  # type: ignore[arg-type]
-                rows.append(self._row(read, index, st, ev.before, ("d", cts, seq, info.version, producer, pos, ts_ms)))
-                rows.append(self._row(read, index, st, ev.after, ("c", cts, seq + 1, info.version, producer, pos, ts_ms)))
-                n += 1
-            else:
-                rows.append(self._row(read, index, st, ev.after, (op, cts, seq, info.version, producer, pos, ts_ms)))
-            n += 1
+        meta: tuple[Any, ...] | None = None
+        seq = n = 0
+        touched: list[tuple[int, int]] = []   # (table id, rows buffered before this transaction)
+        try:
+            for i, m in enumerate(spans):
+                info = m.info
+                tid = info.table_id
+                st = states.get(tid)
+                if st is None or st.dropped or st.skipped:
+                    changes = len(txn.prewrite.mutations[i].changes)
+                    if st is not None and st.skipped or not changes:
+                        # on-unmappable = skip-table: its changes still count in the rows' _seq
+                        seq += changes
+                        continue
+                    raise SluiceError(f"spark sink: rows for table {m.schema}.{m.table} (id {tid}) "
+                                      "that has no Iceberg tables (no shape reached the sink)")
+                if meta is None:
+                    meta = self._meta(txn)
+                rows = brows.get(tid)
+                if rows is None:
+                    rows = brows[tid] = []
+                touched.append((tid, len(rows)))
+                try:
+                    added, changes = self._reader(st, info).decode(
+                        m.payload, m.start, m.end, seq, snapshot_chunk,
+                        (meta[0], info.version, *meta[1:]), rows)
+                except ColumnCountError as e:
+                    raise InvalidArgument(
+                        f"row of {info.schema_name}.{info.table_name} (version {info.version}) has "
+                        f"{e.args[0]} values for {len(info.columns)} columns "
+                        f"({sum(not c.hidden for c in info.columns)} visible)") from None
+                except DecodeError as e:
+                    raise CorruptTxn(txn.pump_id, txn.start_ts, txn.commit_ts,
+                                     f"{m.schema}.{m.table} (table id {tid}): {e}") from None
+                seq += changes
+                n += added
+        except BaseException:
+            # A transaction is buffered whole or not at all: what it added before the error goes.
+            for tid, before in reversed(touched):
+                rows = brows.get(tid)
+                if rows is not None:
+                    del rows[before:]
+                    if not rows:
+                        del brows[tid]
+            raise
+        if not seq:
+            return
         buf.count += n
-        buf.last_ts = cts
+        buf.last_ts = txn.commit_ts
         if not buf.first_mono:
             buf.first_mono = time.monotonic()
 
     @staticmethod
-    def _row(read: RowReader, index: list[int] | None, st: T.TableState, image: Any,
-             meta: tuple[Any, ...]) -> tuple[Any, ...]:
-        row = read(image, meta)
-        if index is None:
-            return row
-        head = len(meta) + 1
-        return (*row[:head], *T.reorder(row[head:], index, len(st.columns)))
-
-    def _key_changed(self, st: T.TableState, info: pb.TableInfo, before: pb.Row, after: pb.Row) -> bool:
-        """Whether an update moves its row to another identity (a keyless table's every update
-        does), compared on the Datums."""
-        if not st.key:
-            return before != after
-        b, a = before.columns, after.columns
-        where = (info.table_id, info.version, len(b))
-        idx = self._key_index.get(where)
-        if idx is None:
-            cols = [c for c in info.columns if len(b) == len(info.columns) or not c.hidden]
-            names = [c.name.lower() for c in cols]
-            keys = [k.lower() for k in st.key]
-            idx = self._key_index[where] = ([names.index(k) for k in keys]
-                                            if all(k in names for k in keys) else [])
-        if not idx:
-            return before != after
-        return any(b[i] != a[i] for i in idx)
+    def _meta(txn: Txn) -> tuple[Any, ...]:
+        """(_commit_ts, _producer, _pos, _ts_ms) of a transaction's rows."""
+        pos = txn.position
+        src = txn.source
+        ts_ms = (src.ts_ms if src is not None and src.ts_ms else
+                 pos.ts_ms if pos is not None and pos.ts_ms else None)
+        text = None
+        if pos is not None:
+            # natively from the wire form; format_position where only Python can (MySQL GTID
+            # sets, non-ASCII file names)
+            text = position_text(pos.SerializeToString()) or format_position(pos)
+        return (txn.commit_ts, txn.producer_id or None, text, ts_ms)
 
     # -- committing (commit thread) -------------------------------------------------------------

@@ -23,6 +23,7 @@ mod txnjoin;
 mod causality;
 mod sqltext;
 mod txnscan;
+mod sparkrows;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
@@ -864,5 +865,7 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<txnscan::TxnScanner>()?; // the capture's per-event loop (txnscan.rs)
     m.add_function(wrap_pyfunction!(sqltext::sql_values, m)?)?; // the MySQL sink's literals
     m.add_function(wrap_pyfunction!(sqltext::sql_list, m)?)?;
+    m.add_class::<sparkrows::SparkRows>()?; // the Spark sink's row tuples and _pos (sparkrows.rs)
+    m.add_function(wrap_pyfunction!(sparkrows::position_text, m)?)?;
     Ok(())
 }

@@ -51,11 +51,11 @@ const MODE_DATE: u8 = 2;
 // wire reading
 // ------------------------------------------------------------------------------------------------
 
-fn wire_err(what: &str, e: String) -> PyErr {
+pub(crate) fn wire_err(what: &str, e: String) -> PyErr {
     DecodeError::new_err(format!("undecodable {what}: {e}"))
 }
 
-fn utf8<'py>(py: Python<'py>, b: &[u8], what: &str) -> PyResult<Bound<'py, PyString>> {
+pub(crate) fn utf8<'py>(py: Python<'py>, b: &[u8], what: &str) -> PyResult<Bound<'py, PyString>> {
     match std::str::from_utf8(b) {
         Ok(s) => Ok(PyString::new(py, s)),
         Err(e) => Err(DecodeError::new_err(format!("{what} is not valid utf-8: invalid byte at position {}", e.valid_up_to()))),
@@ -68,13 +68,13 @@ fn utf8<'py>(py: Python<'py>, b: &[u8], what: &str) -> PyResult<Bound<'py, PyStr
 
 /// One RowChange body: its type and the spans of its before / after Row messages (a message
 /// field that occurs more than once merges: a Row's repeated columns concatenate).
-struct Change {
-    tp: i32,
-    before: Vec<(usize, usize)>,
-    after: Vec<(usize, usize)>,
+pub(crate) struct Change {
+    pub(crate) tp: i32,
+    pub(crate) before: Vec<(usize, usize)>,
+    pub(crate) after: Vec<(usize, usize)>,
 }
 
-fn parse_change(b: &[u8], start: usize, end: usize) -> WireResult<Change> {
+pub(crate) fn parse_change(b: &[u8], start: usize, end: usize) -> WireResult<Change> {
     let mut r = Rd::new(b, start, end);
     let mut ch = Change { tp: 0, before: Vec::new(), after: Vec::new() };
     while r.more() {
@@ -91,7 +91,7 @@ fn parse_change(b: &[u8], start: usize, end: usize) -> WireResult<Change> {
 
 /// The image a change of type `tp` lacks: Some("before"/"after"), Some(None) for an unknown
 /// type, None when it is complete (drainer/txn.py's rule).
-fn lacks(ch: &Change) -> Option<Option<&'static str>> {
+pub(crate) fn lacks(ch: &Change) -> Option<Option<&'static str>> {
     let (hb, ha) = (!ch.before.is_empty(), !ch.after.is_empty());
     match ch.tp {
         1 | 4 => (!ha).then_some(Some("after")),
@@ -170,18 +170,18 @@ fn mutation_entry<'py>(py: Python<'py>, b: &[u8], start: usize, end: usize) -> P
 // ------------------------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Default)]
-struct DateTime {
-    year: i32,
-    month: u32,
-    day: u32,
-    hour: u32,
-    minute: u32,
-    second: u32,
-    microsecond: u32,
+pub(crate) struct DateTime {
+    pub(crate) year: i32,
+    pub(crate) month: u32,
+    pub(crate) day: u32,
+    pub(crate) hour: u32,
+    pub(crate) minute: u32,
+    pub(crate) second: u32,
+    pub(crate) microsecond: u32,
 }
 
 #[derive(Clone, Copy, Default)]
-struct Time {
+pub(crate) struct Time {
     negative: bool,
     hours: u32,
     minutes: u32,
@@ -189,7 +189,7 @@ struct Time {
     microseconds: u32,
 }
 
-enum Value {
+pub(crate) enum Value {
     Null,
     Int(i64),
     Uint(u64),
@@ -243,7 +243,7 @@ fn parse_time(b: &[u8], (s, e): (usize, usize), v: &mut Time) -> WireResult<()> 
     Ok(())
 }
 
-fn parse_datum(b: &[u8], s: usize, e: usize) -> WireResult<Value> {
+pub(crate) fn parse_datum(b: &[u8], s: usize, e: usize) -> WireResult<Value> {
     let mut r = Rd::new(b, s, e);
     let mut v = Value::Null;
     while r.more() {

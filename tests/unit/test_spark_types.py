@@ -10,6 +10,7 @@ from sluice.core.rowcodec import MySQLDateTime, python_to_datum
 from sluice.proto import sluice_pb2 as pb
 from sluice.spark_sink import types as ST
 from sluice.spark_sink.tables import TableState, UnmappableChange, plan
+from tests.support import pysparkrows as PR
 from tests.support.rows import Table, col
 
 UTC = _dt.timezone.utc
@@ -37,8 +38,8 @@ def conv(column_type: str, value: object) -> object:
     c = col("c", column_type)
     info = pb.TableInfo(table_id=1, schema_name="s", table_name="t", columns=[c])
     row = pb.Row(columns=[python_to_datum(value, c)])
-    vals, zero = ST.row_values(row, info, ST.plan_columns(info))
-    assert ST.row_reader(info)(row, ("m",)) == ("m", zero, *vals)   # the sink's generated reader
+    vals, zero = PR.row_values(row, info, ST.plan_columns(info))
+    assert PR.row_reader(info)(row, ("m",)) == ("m", zero, *vals)   # the sink's generated reader
     return (vals[0], zero)
 
 
@@ -81,7 +82,7 @@ def test_generated_row_reader_equals_row_values() -> None:
     cols[3].hidden = True   # a dropped column: its Datum stays in full rows, the view skips it
     info = pb.TableInfo(table_id=1, schema_name="s", table_name="t", columns=cols, version=3)
     plans = ST.plan_columns(info)
-    reader = ST.row_reader(info, plans)
+    reader = PR.row_reader(info, plans)
 
     def read(row: pb.Row) -> tuple[list[object], list[str] | None]:
         zero, *vals = reader(row, ())
@@ -95,16 +96,16 @@ def test_generated_row_reader_equals_row_values() -> None:
         full = pb.Row(columns=[python_to_datum(v, c) for v, c in zip(vs, cols)])
         visible = pb.Row(columns=[d for d, c in zip(full.columns, cols) if not c.hidden])
         for row in (full, visible):
-            assert read(row) == ST.row_values(row, info, plans)
+            assert read(row) == PR.row_values(row, info, plans)
     assert read(full)[1] == ["born", "seen"]
     # Datum kinds beside a column's native one go through its converter, as in row_values.
     odd = pb.Row(columns=[d for d in full.columns])
     odd.columns[0].CopyFrom(pb.Datum(str="12"))
     odd.columns[10].CopyFrom(pb.Datum(int=4))
-    assert read(odd) == ST.row_values(odd, info, plans)
+    assert read(odd) == PR.row_values(odd, info, plans)
     assert read(odd)[0][0] == 12 and read(odd)[0][9] == "4"
     short = pb.Row(columns=list(full.columns)[:5])
-    for f in (read, lambda r: ST.row_values(r, info, plans)):
+    for f in (read, lambda r: PR.row_values(r, info, plans)):
         with pytest.raises(Exception, match="has 5 values for 12 columns"):
             f(short)
 
