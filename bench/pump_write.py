@@ -314,8 +314,13 @@ def report_per_group(ph: WritePhase, top: int = 25) -> None:
         c = collections.Counter(ph.loop_counts)
         print("    loop: " + ", ".join(f"{k} {c[k] / g:.1f}" for k in
                                       ("callbacks", "call_soon_threadsafe", "run_in_executor")))
+        gcs = [f"gen{gen} {c[f'gc gen{gen} collections'] / g:.2f} runs, "
+               f"{c[f'gc gen{gen} us'] / g:.0f} µs" for gen in range(3)
+               if c[f"gc gen{gen} collections"]]
+        if gcs:
+            print("    cyclic GC per group: " + "; ".join(gcs))
         for k, v in c.most_common(top + 3):
-            if " " in k:
+            if " " in k and not k.startswith("gc "):
                 print(f"      {v / g:7.2f}  {k}")
     if ph.syscalls:
         print("    syscalls: " + ", ".join(

@@ -1,7 +1,8 @@
 """Event-loop accounting for `bench/pump_write.py --count` (loaded into the pump process through
 PYTHONPATH; never part of a running Sluice): counts every event-loop callback by the function it
 runs, every `call_soon_threadsafe` (a hand-off from another thread to the loop) and every
-`run_in_executor` (a hand-off from the loop to a worker thread), and writes the totals as JSON to
+`run_in_executor` (a hand-off from the loop to a worker thread), the cyclic garbage collector's
+runs and time by generation, and writes the totals as JSON to
 $SLUICE_LOOPCOUNT_FILE every 0.2 s, so the bench can take a difference over its write phase."""
 from __future__ import annotations
 
@@ -54,6 +55,21 @@ if _PATH:
         return _rie(self, executor, func, *args)
 
     asyncio.base_events.BaseEventLoop.run_in_executor = _counted_rie  # type: ignore
+
+    import gc
+
+    _gc_started = [0.0]
+
+    def _on_gc(phase: str, info: dict) -> None:   # type: ignore[type-arg]
+        # The collector holds the GIL throughout: its wall time is the process's CPU for it.
+        if phase == "start":
+            _gc_started[0] = time.perf_counter()
+        else:
+            gen = info.get("generation", -1)
+            _counts[f"gc gen{gen} collections"] += 1
+            _counts[f"gc gen{gen} us"] += int((time.perf_counter() - _gc_started[0]) * 1e6)
+
+    gc.callbacks.append(_on_gc)
 
     def _dump() -> None:
         while True:
