@@ -10,18 +10,30 @@ phase's CPU per binlog includes serving each binlog N times as it becomes final.
 With `--group N` each writer writes the capture's shape instead: N prewrites in one call, then
 their N commits in one call (a capture group reaches the pump as one WriteBinlogs each way).
 
+With `--rate R` each group writer starts at most R groups per second (a bounded rate, as the e2e
+runs at 40-60% of native: the capture's groups of ~140 at ~13 groups/s).
+With `--count` the pump runs with bench/loopcount/ on its PYTHONPATH and the phase reports, per
+group (a prewrite call and its commit call), the event-loop callbacks by function, the hand-offs
+between threads and the loop, and the responses each follower got; with `--strace` the phase runs
+under `strace -c -f` and reports the pump's system calls per group (both slow the pump: their
+runs' CPU numbers are not comparable with plain runs).
+
 With `--baseline REV` the write phase alone runs `--rounds` times for the pump of git revision REV
 (its tree exported with `git archive` and put first on the pump's PYTHONPATH) and for this tree,
 alternating, each on a fresh pump; it reports the medians of CPU per binlog and per transaction
 (a prewrite and its commit) and new / old, with the load average of each run.
 Usage: .venv/bin/python bench/pump_write.py [--seconds 10] [--writers 64] [--skip-redis]
-       [--followers 2] [--group 50] [--baseline HEAD~3 --rounds 3]
+       [--followers 2] [--group 50 [--rate 13]] [--count | --strace]
+       [--baseline HEAD~3 --rounds 3]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import datetime
+import json
+import signal
 import os
 import statistics
 import shutil
@@ -110,13 +122,13 @@ async def redis_run(port: int, writers: int, seconds: float, pipeline: int) -> t
     return rate, lat
 
 
-async def pump_run(addr: str, writers: int, seconds: float, group: int = 0
-                   ) -> tuple[float, list[float], int]:
+async def pump_run(addr: str, writers: int, seconds: float, group: int = 0, rate: float = 0
+                   ) -> tuple[float, list[float], int, int]:
     channel = grpcutil.aio_channel(addr)
     batcher = WriteBatcher(channel, CLUSTER_ID, max_batch=512, max_inflight=2)
     counter = ts.now_ts() + (1 << 30)
     lat: list[float] = []
-    count = 0
+    count = groups = 0
     end = time.monotonic() + seconds
 
     def next_ts() -> int:
@@ -125,8 +137,16 @@ async def pump_run(addr: str, writers: int, seconds: float, group: int = 0
         return counter
 
     async def group_writer() -> None:
-        nonlocal count
+        nonlocal count, groups
+        next_at = time.monotonic()
         while time.monotonic() < end:
+            if rate:
+                # Paced from a fixed schedule (not from the last ack): a slow group is not
+                # followed by a gap, as the capture's groups follow the source's commits.
+                next_at += 1 / rate
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
             starts = [next_ts() for _ in range(group)]
             t0 = time.monotonic()
             await batcher.write_many([pb.Binlog(
@@ -139,6 +159,7 @@ async def pump_run(addr: str, writers: int, seconds: float, group: int = 0
                 producer_id="bench").SerializeToString() for s in starts])
             lat.append(time.monotonic() - t0)
             count += 2 * group
+            groups += 1
 
     async def writer() -> None:
         nonlocal count
@@ -156,11 +177,10 @@ async def pump_run(addr: str, writers: int, seconds: float, group: int = 0
             count += 2
     t0 = time.monotonic()
     await asyncio.gather(*((group_writer() if group else writer()) for _ in range(writers)))
-    rate = count / (time.monotonic() - t0)
     rpcs = batcher.rpcs
     await batcher.close()
     await channel.close()
-    return rate, lat, rpcs
+    return count / (time.monotonic() - t0), lat, rpcs, groups
 
 
 def follow(addr: str, stop: threading.Event, counts: list[int], msgs: list[int], k: int,
@@ -197,6 +217,9 @@ class WritePhase:
     counts: list[int]    # binlogs each follower received
     msgs: list[int]      # responses each follower received
     threads: dict[str, float]   # pump CPU seconds per thread kind during the phase
+    groups: int = 0             # groups written (with --group)
+    loop_counts: dict[str, int] | None = None   # with --count: the phase's loop accounting
+    syscalls: dict[str, int] | None = None      # with --strace: calls per system call
 
     @property
     def us_per_binlog(self) -> float:
@@ -218,8 +241,25 @@ def write_phase(addr: str, pid: int, args: argparse.Namespace) -> WritePhase:
                                   daemon=True) for k in range(args.followers)]
     for t in followers:
         t.start()
+    tracer = None
+    if args.strace:
+        tracer = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)   # attached to every thread before the phase starts
+    counts0 = read_loop_counts(args)
     cpu0, sys0, th0 = proc_cpu(pid), proc_cpu(pid, system_only=True), thread_cpu(pid)
-    rate, lat, rpcs = asyncio.run(pump_run(addr, args.writers, args.seconds, args.group))
+    rate, lat, rpcs, groups = asyncio.run(pump_run(addr, args.writers, args.seconds, args.group,
+                                                   args.rate))
+    time.sleep(0.5 if args.count else 0)   # the pump's counts file is rewritten every 0.2 s
+    loop_counts = None
+    if args.count:
+        after = read_loop_counts(args)
+        loop_counts = {k: v - counts0.get(k, 0) for k, v in after.items()
+                       if v - counts0.get(k, 0)}
+    syscalls = None
+    if tracer is not None:
+        tracer.send_signal(signal.SIGINT)
+        syscalls = parse_strace(tracer.communicate(timeout=30)[1])
     cpu = proc_cpu(pid) - cpu0
     sys_cpu = proc_cpu(pid, system_only=True) - sys0
     threads = {k: v - th0.get(k, 0.0) for k, v in thread_cpu(pid).items()}
@@ -229,7 +269,63 @@ def write_phase(addr: str, pid: int, args: argparse.Namespace) -> WritePhase:
     for t in followers:
         t.join(timeout=30)
     return WritePhase(rate, lat, rpcs, cpu, sys_cpu, round(rate * args.seconds), load, counts,
-                      msgs, threads)
+                      msgs, threads, groups, loop_counts, syscalls)
+
+
+def read_loop_counts(args: argparse.Namespace) -> dict[str, int]:
+    if not args.count:
+        return {}
+    try:
+        return json.loads(Path(args.count_file).read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def parse_strace(summary: str) -> dict[str, int]:
+    """calls per system call from `strace -c`'s table (errors counted with the calls)."""
+    out: dict[str, int] = {}
+    for line in summary.splitlines():
+        f = line.split()
+        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+            out[f[-1]] = int(f[3])
+    return out
+
+
+def pump_env(args: argparse.Namespace, base_root: Path | None) -> dict[str, str] | None:
+    """The pump's environment: the old tree first on PYTHONPATH (`--baseline`), the loop
+    accounting with `--count`."""
+    paths = [str(base_root)] if base_root is not None else []
+    env: dict[str, str] = {}
+    if args.count:
+        paths.append(str(REPO / "bench" / "loopcount"))
+        env["SLUICE_LOOPCOUNT_FILE"] = args.count_file
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env or None
+
+
+def report_per_group(ph: WritePhase, top: int = 25) -> None:
+    """Per group: loop callbacks by function, hand-offs, follower responses, system calls."""
+    g = max(ph.groups, 1)
+    print(f"    per group ({ph.groups} groups, {ph.written / g:.0f} binlogs, "
+          f"{ph.rpcs / g:.2f} write RPCs): follower responses "
+          f"{sum(ph.msgs) / g:.2f}", flush=True)
+    if ph.loop_counts:
+        c = collections.Counter(ph.loop_counts)
+        print("    loop: " + ", ".join(f"{k} {c[k] / g:.1f}" for k in
+                                      ("callbacks", "call_soon_threadsafe", "run_in_executor")))
+        gcs = [f"gen{gen} {c[f'gc gen{gen} collections'] / g:.2f} runs, "
+               f"{c[f'gc gen{gen} us'] / g:.0f} µs" for gen in range(3)
+               if c[f"gc gen{gen} collections"]]
+        if gcs:
+            print("    cyclic GC per group: " + "; ".join(gcs))
+        for k, v in c.most_common(top + 3):
+            if " " in k and not k.startswith("gc "):
+                print(f"      {v / g:7.2f}  {k}")
+    if ph.syscalls:
+        print("    syscalls: " + ", ".join(
+            f"{k} {v / g:.1f}" for k, v in sorted(ph.syscalls.items(), key=lambda kv: -kv[1])
+            if v / g >= 0.1))
 
 
 def export_tree(rev: str, work: Path) -> Path:
@@ -257,13 +353,14 @@ def compare(args: argparse.Namespace, cluster: Cluster, work: Path) -> None:
     settings = {"heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0}
     for k in range(args.rounds):
         for which in (("old", "new") if k % 2 == 0 else ("new", "old")):
-            env = {"PYTHONPATH": str(base_root)} if which == "old" else None
+            env = pump_env(args, base_root if which == "old" else None)
             pump = cluster.start_pump(f"pump-{which}-{k}", env=env, **settings)
             try:
                 ph = write_phase(pump.addr, pump.proc.pid, args)
             finally:
                 pump.proc.stop()
                 shutil.rmtree(pump.data_dir, ignore_errors=True)
+                Path(args.count_file).unlink(missing_ok=True)   # the next pump's counts only
             runs[which].append(ph)
             print(f"  {which} #{k}: {ph.rate:,.0f} binlogs/s, {ph.written / max(ph.rpcs, 1):.1f} "
                   f"per RPC; pump CPU {ph.us_per_binlog:.1f} µs per binlog "
@@ -272,6 +369,8 @@ def compare(args: argparse.Namespace, cluster: Cluster, work: Path) -> None:
                   "binlog by thread: " + ", ".join(
                       f"{k} {v / ph.written * 1e6:.1f}" for k, v in sorted(ph.threads.items())),
                   flush=True)
+            if args.group:
+                report_per_group(ph)
     med = {w: statistics.median(p.us_per_binlog for p in ps) for w, ps in runs.items()}
     med_sys = {w: statistics.median(p.sys_per_binlog for p in ps) for w, ps in runs.items()}
     med_rate = {w: statistics.median(p.rate for p in ps) for w, ps in runs.items()}
@@ -337,8 +436,15 @@ def main() -> int:
     ap.add_argument("--baseline", default="",
                     help="git revision of the old pump: compare write phases only, alternating")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each pump with --baseline")
+    ap.add_argument("--rate", type=float, default=0,
+                    help="with --group: at most this many groups per second per writer")
+    ap.add_argument("--count", action="store_true",
+                    help="count the pump's event-loop callbacks and thread hand-offs per group")
+    ap.add_argument("--strace", action="store_true",
+                    help="count the pump's system calls per group (strace -c -f)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-pump-"))
+    args.count_file = str(work / "loopcount.json")
     etcd = EtcdServer(work / "etcd").start()
     cluster = Cluster(work, etcd.endpoint)
     cluster.register_producer("bench")
@@ -358,7 +464,8 @@ def main() -> int:
     try:
         wait_until(lambda: port_open(redis_port), 10, what="redis")
         cluster.start_tso()
-        pump = cluster.start_pump(**{"heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0})
+        pump = cluster.start_pump(env=pump_env(args, None), **{
+            "heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0})
         print(f"benchmark: {args.writers} writers, {args.seconds}s each phase, 1 KiB binlogs", flush=True)
         r1 = r16 = 0.0
         rl1: list[float] = []
@@ -375,6 +482,8 @@ def main() -> int:
         print(f"  sluice pump batched writes:    {ours:,.0f}/s ({rpcs} RPCs{served}); pump CPU "
               f"{write_cpu:.2f} s = {ph.us_per_binlog:.1f} µs per binlog written, "
               f"{ph.sys_per_binlog:.1f} of them system (load {ph.load})", flush=True)
+        if args.group:
+            report_per_group(ph)
         total = int(ours * args.seconds)
         # Best of three for both, alternating, so a burst of load from other processes on the
         # machine does not decide the ratio.

@@ -33,10 +33,14 @@ PULL_MESSAGE_BYTES = 2 << 20   # payload bytes per PullBinlogs response (about)
 PULL_FIRST_MESSAGE_BYTES = 128 << 10
 # A stream that has caught up reads what each durable group added on the event loop itself,
 # up to about this many bytes: a hop to a worker thread and back costs more CPU than reading a
-# few transactions, and it happens for every group and every puller. A read that finds more
-# (the stream fell behind, or a transaction larger than this or of several parts) stops there
-# and is continued in a worker thread, so the loop never reads much at once.
-PULL_INLINE_BYTES = 64 << 10
+# group, and it happens for every group and every puller. A read that finds more (the stream
+# fell behind, or a transaction larger than this or of several parts) stops there and is
+# continued in a worker thread, so the loop never reads much at once. The bound holds a whole
+# capture group (~140-250 transactions of ~1 KiB at 50-100% of native, issue 23): at 64 KiB
+# such a group took two responses per stream and a thread hop, and, its first chunk not
+# covering the group, no stream could take another's read (SharedChunks keeps whole ranges).
+# A worker thread would not spare the loop that time anyway: its read holds the GIL as long.
+PULL_INLINE_BYTES = 512 << 10
 
 
 class LiveFeed:

@@ -43,9 +43,8 @@ def persist(state: StoreState, grp: Stage) -> int:
     commit_of = {c[3]: c[2] for c in grp.commits}
     cpack = ix.commit_val_pack
     sm_seg, sm = -1, SegmentSummary()
-    for j, (loc, (key, h, aux, ts, part_of), payload) in enumerate(
+    for j, ((seg, off), (key, h, aux, ts, part_of), payload) in enumerate(
             zip(locs, grp.meta, grp.records)):
-        seg, off = loc.segment, loc.offset
         length = len(payload)
         p = commit_of.get(j) if aux else None
         if p is not None and p.part_count == 1:

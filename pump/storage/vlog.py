@@ -27,8 +27,8 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import google_crc32c
 
@@ -46,9 +46,10 @@ RETIRE_GRACE_S = 60.0  # far longer than any single pread of a window
 _crc = google_crc32c.value
 
 
-@dataclass(frozen=True, order=True)
-class Location:
-    """Where a record starts: its segment number and the byte offset of its header."""
+class Location(NamedTuple):
+    """Where a record starts: its segment number and the byte offset of its header (a named
+    tuple, not a frozen dataclass: `append` builds one per record, and a frozen dataclass's
+    `__init__` sets each field through `object.__setattr__`; both order by (segment, offset))."""
 
     segment: int
     offset: int

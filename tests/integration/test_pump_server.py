@@ -113,6 +113,57 @@ def test_a_pull_starts_with_a_small_response_and_grows_to_the_full_size(cluster:
     assert max(sizes) <= PULL_MESSAGE_BYTES + txn and max(sizes) > PULL_MESSAGE_BYTES // 2
 
 
+def test_a_caught_up_stream_gets_each_capture_sized_group_in_one_response(cluster: Cluster,
+                                                                          ts: TS) -> None:
+    """Streams that have caught up (two, as two drainers follow a pump) get each durable group
+    of a capture's size (140 transactions of ~1 KiB: more than 64 KiB, within
+    PULL_INLINE_BYTES) whole in one response each, in commit order: one message per group and
+    stream, not a first slice and then the rest from a worker thread."""
+    from sluice.pump.service import PULL_INLINE_BYTES
+    pump = cluster.start_pump(**{"heartbeat-interval": 3600.0, "pull-heartbeat-interval": 3600.0})
+    ch, stub = pump.stub()
+    value = pv("v" * 1000)
+    groups, size = 5, 140
+    got: list[list[list[int]]] = [[], []]     # per stream: the commits' start_ts per response
+    ready = [threading.Event(), threading.Event()]
+    streams = [stub.PullBinlogs(pb.PullBinlogsReq(cluster_id=CLUSTER_ID, after_commit_ts=0,
+                                                  packed_meta=True), timeout=60)
+               for _ in range(2)]
+
+    def follow(k: int) -> None:
+        try:
+            for resp in streams[k]:
+                ready[k].set()   # the first (empty) response: the stream is live
+                commits = [b.start_ts for b in map(decode, resp.binlogs) if b.tp == pb.COMMIT]
+                if commits:
+                    got[k].append(commits)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise
+    threads = [threading.Thread(target=follow, args=(k,), daemon=True) for k in range(2)]
+    for t in threads:
+        t.start()
+    for ev in ready:
+        assert ev.wait(10), "a stream never answered its first (empty) response"
+    starts: list[list[int]] = []
+    for g in range(groups):
+        group = [ts.get() for _ in range(size)]
+        write(stub, *(prewrite(s, value) for s in group))
+        write(stub, *(commit(s, ts.get()) for s in group))
+        starts.append(group)
+        # The next group only once both streams have this one: each read finds one group.
+        wait_until(lambda: all(sum(map(len, g_)) >= (g + 1) * size for g_ in got), 20,
+                   what=f"both streams to receive group {g}")
+    for s in streams:
+        s.cancel()
+    for t in threads:
+        t.join(10)
+    ch.close()
+    assert size * 1100 > 64 << 10 and size * 1100 < PULL_INLINE_BYTES
+    for k in range(2):
+        assert got[k] == starts, f"stream {k}: commits per response {list(map(len, got[k]))}"
+
+
 def test_idle_pump_emits_fake_binlogs(cluster: Cluster) -> None:
     pump = cluster.start_pump()
     ch, stub = pump.stub()

@@ -76,6 +76,29 @@ def test_readers_at_the_same_place_get_one_shared_chunk_equal_to_a_private_read(
         assert st.stats()["shared_chunk_hits"] - hits == whole > 0
 
 
+def test_live_readers_share_each_capture_sized_group_at_the_services_inline_bound(
+        tmp_path: Path) -> None:
+    """Live readers reading as the service does (inline, PULL_INLINE_BYTES) get a capture-sized
+    durable group (140 transactions of ~1 KiB, more than 64 KiB) in one exhausted chunk each,
+    and the second takes the first one's chunk: one read per group, not one per reader."""
+    from sluice.pump.service import PULL_INLINE_BYTES
+    with Storage.open(tmp_path) as st:
+        readers = [st.open_reader(0), st.open_reader(0), private_reader(st, 0)]
+        for r in readers:
+            r.packed = True
+        hits = st.stats()["shared_chunk_hits"]
+        ts = 100
+        for _ in range(3):
+            starts = list(range(ts, ts + 140))
+            st.write_blocking([pw(s, b"v" * 1000) for s in starts])
+            st.write_blocking([cm(s, s + 1000) for s in starts])
+            ts += 2000
+            a, b, ref = (r.next_chunk(PULL_INLINE_BYTES, inline=True) for r in readers)
+            assert a.exhausted and a.count == 280 and len(a.frames) > 64 << 10
+            assert same(a, ref) and same(b, ref)
+        assert st.stats()["shared_chunk_hits"] - hits == 3
+
+
 def test_a_reader_elsewhere_or_asking_another_shape_builds_its_own(tmp_path: Path) -> None:
     """A kept chunk is taken only for the same (after, watermark, packed, max_bytes, inline): a
     reader behind, or one asking another shape, reads for itself and gets what it asked for."""
