@@ -94,10 +94,11 @@ def arrow_schema(schema_json: str) -> Any:
                          for f in s["fields"]])
 
 
-def conform(data: Any, schema: Any) -> Any:
-    """data (an Arrow table) as `schema`: columns matched by name (case-insensitively, as Spark
-    resolves them), each cast safely to the table's type (a value that does not fit raises),
-    columns the batch lacks as NULLs. A batch column the table lacks is Unmappable."""
+def conform(data: Any, schema: Any, table: str = "") -> Any:
+    """data (an Arrow table) as `schema` (of `table`, for messages): columns matched by name
+    (case-insensitively, as Spark resolves them), each cast safely to the table's type, columns
+    the batch lacks as NULLs. A batch column the table lacks is Unmappable; a value that does not
+    fit its column, or a NULL in a required one, is FailedPrecondition naming table and column."""
     pa = _pa()
     by_name = {n.lower(): i for i, n in enumerate(data.column_names)}
     want = {f.name.lower() for f in schema}
@@ -112,8 +113,16 @@ def conform(data: Any, schema: Any) -> Any:
             continue
         col = data.column(i)
         if not f.nullable and col.null_count:
-            raise FailedPrecondition(f"column {f.name} is required and the batch has NULLs in it")
-        arrays.append(col if col.type == f.type else col.cast(f.type))
+            raise FailedPrecondition(f"spark sink: table {table} column {f.name}: the column is "
+                                     "required (NOT NULL) in Iceberg and the batch has NULLs in it")
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise FailedPrecondition(
+                    f"spark sink: table {table} column {f.name}: the batch's values do not fit "
+                    f"the table's type {f.type} ({e})") from None
+        arrays.append(col)
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -171,7 +180,7 @@ class Target:
                                          "for its equality deletes")
             fields.append(f)
             ids.append(int(f.metadata[FIELD_ID]))
-        data = conform(keys.rename_columns([f.name for f in fields]), pa.schema(fields))
+        data = conform(keys.rename_columns([f.name for f in fields]), pa.schema(fields), self.name)
         path, size = self._write(data, "eq-deletes")
         jids = self.gateway.new_array(self.jvm.int, len(ids))
         for i, fid in enumerate(ids):
@@ -195,7 +204,7 @@ class Target:
         append of no rows commits too)."""
         op = self.ice.newAppend()
         if data.num_rows:
-            op = op.appendFile(self.data_file(conform(data, self.schema)))
+            op = op.appendFile(self.data_file(conform(data, self.schema, self.name)))
         self._commit(op)
 
     def row_delta(self, data: Any, keys: Any) -> None:
@@ -203,7 +212,7 @@ class Target:
         deletes, same sequence number: they do not apply to data's rows)."""
         op = self.ice.newRowDelta()
         if data.num_rows:
-            op = op.addRows(self.data_file(conform(data, self.schema)))
+            op = op.addRows(self.data_file(conform(data, self.schema, self.name)))
         if keys.num_rows:
             op = op.addDeletes(self.equality_delete_file(keys))
         self._commit(op)

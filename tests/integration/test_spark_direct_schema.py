@@ -95,10 +95,11 @@ def test_conform_casts_safely_and_refuses_what_does_not_fit() -> None:
     assert got.schema == schema
     assert got.to_pylist() == [{"Id": 1, "v": None, "w": None},
                                {"Id": 2, "v": decimal.Decimal("1.00"), "w": None}]
-    with pytest.raises(pa.ArrowInvalid):
+    with pytest.raises(D.FailedPrecondition, match="table db.t column v: the batch's values do "
+                       "not fit the table's type decimal128.5, 2."):
         D.conform(pa.table({"id": [1], "v": pa.array([decimal.Decimal(10_000)],
-                                                       pa.decimal128(10, 2))}), schema)
+                                                       pa.decimal128(10, 2))}), schema, "db.t")
     with pytest.raises(D.Unmappable, match="zz"):
         D.conform(pa.table({"id": [1], "zz": [1]}), schema)
-    with pytest.raises(D.FailedPrecondition, match="required"):
-        D.conform(pa.table({"id": pa.array([None], pa.int64())}), schema)
+    with pytest.raises(D.FailedPrecondition, match="table db.t column Id: the column is required"):
+        D.conform(pa.table({"id": pa.array([None], pa.int64())}), schema, "db.t")
