@@ -343,7 +343,7 @@ def delete_in_sql(keys: Sequence[Any], target: str, view: str) -> str:
 
 
 def latest_images_sql(st: TableState, view: str = BATCH_VIEW) -> str:
-    """The rows a keyed current table gets from the batch view after delete_keys_sql: each
+    """The rows a keyed current table gets from the batch view after delete_in_sql: each
     changed key's last image, unless that change is a delete."""
     cols = ", ".join([f"{q(c.cl)} AS {q(c.name)}" for c in st.columns]
                      + [q(m) for m, _ in CURRENT_META])
