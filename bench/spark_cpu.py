@@ -23,7 +23,8 @@ tree: `git archive <rev> | tar -x -C /tmp/base` with a `jars` link, then
 medians and each variant's total against the first.
 
 Run: .venv/bin/python bench/spark_cpu.py [--batch-txns 4000] [--batches 4] [--warm-batches 3]
-     [--rounds 3] [--variant label=args ...]
+     [--rounds 3] [--variant label=args ...]  (child args include --current-state
+     equality-deletes)
 """
 from __future__ import annotations
 
@@ -174,6 +175,8 @@ def child(a: argparse.Namespace) -> None:
     conf = dict(kv.split("=", 1) for kv in a.conf)
     # Batches are cut by flush() alone (the bench decides their size, not the clock).
     kw: dict[str, Any] = {"batch_interval": 10 ** 6, "batch_rows": 10 ** 9}
+    if a.current_state:
+        kw["current_state"] = a.current_state
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-sparkcpu-"))
     cfg = SparkSinkConfig(warehouse=str(work / "warehouse"), log_level="ERROR", spark_conf=conf,
                           **kw)
@@ -277,6 +280,8 @@ def main() -> None:
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--tree", default="", help="child: import sluice from this tree")
     ap.add_argument("--conf", action="append", default=[], help="child: a spark-conf k=v")
+    ap.add_argument("--current-state", default="",
+                    help="child: the sink's current-state (delete | equality-deletes)")
     ap.add_argument("--batch-txns", type=int, default=4000, help="transactions per batch")
     ap.add_argument("--batches", type=int, default=4, help="batches measured")
     ap.add_argument("--warm-batches", type=int, default=3, help="batches before (not measured)")

@@ -7,7 +7,7 @@ warehouse) in the same invocation.
   Datum kind, inserts, updates, deletes, primary-key changes), --apply-batch transactions per
   call, micro-batches of --batch-rows, flush() at the end. Timed from the first apply() to the
   return of flush(): binlog decoding, type conversion, the changelog appends, the current tables'
-  MERGE, the marker, each published by branch + fast-forward — everything before a reader sees
+  writes, the marker, each published by branch + fast-forward — everything before a reader sees
   the rows. Opening the sink and the schema-snapshot transaction (table creation) are not timed.
 - baseline: exactly the changelog rows the sink landed, read back per table as Arrow before the
   clock starts, then `spark.createDataFrame(arrow).writeTo(<fresh table>).append()` — the least
@@ -19,7 +19,9 @@ fast wrong answer cannot win. A warm-up of both paths runs first and is not repo
 --current: the ways of keeping a keyed current table to compare (comma-separated; each round
 runs every one of them, in a rotating order, plus the baseline): delete-all (the DELETE of every
 changed key: the sink before the insert-first rule), delete (the DELETE of the keys not inserted
-first: the default), equality-deletes (an equality-delete file, no scan), merge (MERGE INTO).
+first: the default), equality-deletes (an equality-delete file, no scan), merge (MERGE INTO);
+each optionally as `<method>/spark`: every write through Spark jobs, as before the direct writes
+(spark_sink/datafiles.py), so old and new alternate in one invocation.
 
 Second part (--state-rows, 0 to skip): the cost of keeping the current state. A keyed table of
 --state-rows rows receives --state-batches batches of --state-changes changes each (updates of
@@ -91,18 +93,26 @@ def load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
 
+# A method spelled `<method>/spark` writes every table through Spark (SparkSink.direct_writes
+# False: the path before datafiles.py, kept for partitioned tables), for an old-vs-new
+# comparison in one invocation.
+SPARK_WRITES = "/spark"
+
+
 def methods(text: str) -> list[str]:
     out = [m.strip() for m in text.split(",") if m.strip()]
     for m in out:
-        if m not in ALL_METHODS:
-            raise SystemExit(f"unknown method {m!r}: one of {', '.join(ALL_METHODS)}")
+        if m.removesuffix(SPARK_WRITES) not in ALL_METHODS:
+            raise SystemExit(f"unknown method {m!r}: one of {', '.join(ALL_METHODS)}, each "
+                             f"optionally with {SPARK_WRITES}")
     return out
 
 
 def run_sink(spark: Any, cfg: SparkSinkConfig, txns: list[Txn], schema: SchemaHistory,
              apply_batch: int, how: str) -> tuple[SparkSink, float]:
     sink = SparkSink(cfg, schema, "bench", 1, spark, owner="bench")
-    sink.current_by = how
+    sink.current_by = how.removesuffix(SPARK_WRITES)
+    sink.direct_writes = not how.endswith(SPARK_WRITES)
 
     async def go() -> float:
         await sink.open(Checkpoint(0))
@@ -205,7 +215,8 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
         # The two ways of keeping the current state take turns on the same table (they leave
         # the same rows), so both see the same table size and the same load.
         how = ways[b % len(ways)]
-        sink.current_by = how
+        sink.current_by = how.removesuffix(SPARK_WRITES)
+        sink.direct_writes = not how.endswith(SPARK_WRITES)
         ours[how].append(asyncio.run(land(batch)))
         loads[how].append(os.getloadavg()[0])
         rows = spark.range(k).selectExpr("id + 1000000000 AS id", "1 AS v", "'z' AS pad").toArrow()
@@ -247,7 +258,8 @@ def main() -> None:
     ap.add_argument("--write-mode", default="merge-on-read", choices=("merge-on-read", "copy-on-write"))
     ap.add_argument("--current", default=W.DELETE_KEYS,
                     help="how the sink keeps a keyed current table in the first part (comma-"
-                         f"separated, alternating: {', '.join(ALL_METHODS)})")
+                         f"separated, alternating: {', '.join(ALL_METHODS)}; `<method>/spark`: "
+                         "every write through Spark, the path before direct writes)")
     args = ap.parse_args()
     global WRITE_MODE
     WRITE_MODE = args.write_mode

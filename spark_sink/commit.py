@@ -66,11 +66,14 @@ class Publisher:
     def open_table(self, db: str, table: str) -> TableHead:
         """Fence the table for our epoch, put our branch at its head, read its skip point."""
         cat = self.catalog
-        ident = cat.ident(db, table)
         self._check(db, table, cat.head(db, table))
-        with cat.commit_properties({"sluice.drainer": self.drainer, "sluice.epoch": str(self.epoch),
-                                    "sluice.fence": "true"}):
-            cat.spark.table(f"{cat.name}.{db}.{table}").limit(0).writeTo(ident).append()
+        # An empty append on main through the Iceberg API (what a Spark append of no rows
+        # commits, without its job): a snapshot carrying only our epoch.
+        fence = cat.iceberg_table(db, table).newAppend()
+        for k, v in {"sluice.drainer": self.drainer, "sluice.epoch": str(self.epoch),
+                     "sluice.fence": "true"}.items():
+            fence = fence.set(k, v)
+        fence.commit()
         head = cat.head(db, table)
         self._check(db, table, head)
         assert head.snapshot is not None

@@ -65,8 +65,14 @@ def maintain(sink: SparkSink, pub: Publisher) -> None:
         proc = f"{cat.name}.system"
         try:
             if ice is None or _rewrite_may_act(ice):
+                # remove-dangling-deletes: the newest equality-delete file shares its batch's
+                # data sequence number (one row delta, datafiles.py), so after the rewrite it
+                # applies to no live data file yet stays listed, and pyiceberg refuses any table
+                # with a live equality-delete file; the option drops delete files that apply to
+                # nothing (an extra metadata commit, no data rewritten).
                 timed("rewrite", f"CALL {proc}.rewrite_data_files(table => {name}, "
-                      f"options => map('min-input-files', '{MIN_INPUT_FILES}'))")
+                      f"options => map('min-input-files', '{MIN_INPUT_FILES}', "
+                      "'remove-dangling-deletes', 'true'))")
                 if ice is not None:
                     ice.refresh()
             else:

@@ -34,7 +34,7 @@ from sluice.drainer.sink import (BackgroundSink, Capabilities, Checkpoint, SinkC
                                  options_to_config)
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.spark_sink import tables as T
-from sluice.spark_sink import eqdelete as E
+from sluice.spark_sink import datafiles as D
 from sluice.spark_sink import writer as W
 from sluice.spark_sink.catalog import Catalog, Summary
 from sluice.spark_sink.commit import Fenced, LostRace, OwnedByAnother, Publisher
@@ -102,6 +102,12 @@ class SparkSink(SchemaChanges, BackgroundSink):
         # Seconds per step since open (decode_s in apply(); convert/changelog/current/marker per
         # batch): what bench/spark_sink.py reports.
         self.timings: dict[str, float] = {}
+        # How each table's last write went ("direct": files through the Iceberg API, "spark"):
+        # what the tests read.
+        self.paths: dict[tuple[str, str], str] = {}
+        # False: every write through Spark, as before datafiles.py (the path partitioned tables
+        # still take); for the tests' differential comparison only, not a config key.
+        self.direct_writes = True
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> SparkSink:
@@ -346,7 +352,7 @@ class SparkSink(SchemaChanges, BackgroundSink):
         jobs: list[tuple[int, str, str, Callable[[], bool], concurrent.futures.Future[bool]]] = []
         for tid in order:
             st, rows = states[tid], buf.rows[tid]
-            # One DataFrame for both of the table's writes (rebuilt only if a lost race moved a
+            # One Arrow table for both of the table's writes (rebuilt only if a lost race moved a
             # skip point below the rows it holds).
             frame: list[W.BatchFrame | None] = [None]
 
@@ -374,14 +380,14 @@ class SparkSink(SchemaChanges, BackgroundSink):
                         return False
                     f = frame_for(skip)
                     assert f is not None
+                    direct = self._direct(st.db, table, summary)
                     if which == "changelog":
-                        pub.write(st.db, table, summary, lambda b: f.write_changelog(b, skip))
-                        return True
-
-                    def eq(keys: Any, db: str = st.db, table: str = table) -> bool:
-                        return E.commit_equality_deletes(pub.catalog, db, table, pub.branch,
-                                                         keys, summary.props())
-                    pub.write(st.db, table, summary, lambda b: f.write_current(b, skip, eq))
+                        pub.write(st.db, table, summary,
+                                  lambda b: f.write_changelog(b, skip, direct))
+                    else:
+                        pub.write(st.db, table, summary,
+                                  lambda b: f.write_current(b, skip, direct))
+                    self.paths[(st.db, table)] = f.paths.get(which, "")
                     return True
                 if (st.db, table) in pub.heads:
                     frame_for(pub.heads[(st.db, table)].commit_ts)
@@ -407,17 +413,25 @@ class SparkSink(SchemaChanges, BackgroundSink):
         nrows = sum(len(buf.rows[t]) for t in order)
 
         def marker() -> None:
-            # One row as SQL literals: a local relation planned in the JVM, instead of a Python
-            # row pickled through createDataFrame with a schema string to parse.
+            # One row, as a file committed through the Iceberg API (no Spark job).
             import datetime as _dt
-            now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
-            tables = ", ".join(f"{T.sql_str(k)}, CAST({v} AS BIGINT)" for k, v in sorted(heads.items()))
-            values = (f"CAST({batch} AS BIGINT), CAST({self._epoch} AS BIGINT), "
-                      f"{T.sql_str(self._owner)}, CAST({buf.last_ts} AS BIGINT), "
-                      f"CAST({nrows} AS BIGINT), "
-                      f"CAST(map({tables}) AS MAP<STRING, BIGINT>), TIMESTAMP '{now}+00:00'")
-            pub.publish(self.meta_db, COMMITS, summary,
-                        lambda b: spark.sql(f"INSERT INTO {b} VALUES ({values})"))
+            import pyarrow as pa
+            row = pa.table({
+                "batch": pa.array([batch], pa.int64()), "epoch": pa.array([self._epoch], pa.int64()),
+                "drainer": pa.array([self._owner], pa.string()),
+                "commit_ts": pa.array([buf.last_ts], pa.int64()),
+                "rows": pa.array([nrows], pa.int64()),
+                "tables": pa.array([sorted(heads.items())], pa.map_(pa.string(), pa.int64())),
+                "committed_at": pa.array([_dt.datetime.now(_dt.timezone.utc)],
+                                         pa.timestamp("us", tz="UTC"))})
+
+            def write(b: str) -> None:
+                t = self._direct(self.meta_db, COMMITS, summary)()
+                if t is None:
+                    spark.createDataFrame(row).writeTo(b).append()
+                else:
+                    t.append(row)
+            pub.publish(self.meta_db, COMMITS, summary, write)
         self._with_retry(marker)
         failpoint.inject("spark-after-marker")
         self._last = Committed(batch, self._epoch, buf.last_ts)
@@ -430,6 +444,18 @@ class SparkSink(SchemaChanges, BackgroundSink):
         if self.cfg.maintenance_every and self._since_maintenance >= self.cfg.maintenance_every:
             self._since_maintenance = 0
             self.maintain()
+
+    def _direct(self, db: str, table: str, summary: Summary) -> W.Direct:
+        """Where db.table's writes on our branch go as files (datafiles.Target, loaded at write
+        time: the schema the table has then), or None: through Spark."""
+        assert self.publisher is not None
+        pub = self.publisher
+
+        def load() -> D.Target | None:
+            if not self.direct_writes:
+                return None
+            return D.target(pub.catalog, db, table, pub.branch, summary.props())
+        return load
 
     def maintain(self) -> None:
         """Iceberg's maintenance procedures on every table, between commits (commit thread)."""

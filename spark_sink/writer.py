@@ -1,13 +1,16 @@
-"""A table's buffered changes -> the Spark writes that land them: the changelog append, the
-current state's removal of the keys the batch changes (a DELETE, or an equality-delete file:
+"""A table's buffered changes -> the writes that land them: the changelog append, the current
+state's removal of the keys the batch changes (a DELETE, or an equality-delete file:
 `current-state`) plus append of their last images (keyed tables; a MERGE INTO is the
 alternative, `MERGE`) or multiset rewrite (keyless ones), TRUNCATE, and the value-keeping cast
 of a column whose type Iceberg cannot promote.
 
 Rows arrive as tuples `(*CHANGELOG_META values, *values of the state's columns)`; a table's rows
-of a batch become ONE Arrow table (built in C, no per-row pickling) and ONE Spark DataFrame
-(`BatchFrame`), which both the changelog append and the current-state write read: the rows cross
-from Python to the JVM once. A keyed table's frame carries `_sluice_latest`, true on the batch's
+of a batch become ONE Arrow table (built in C, no per-row pickling, `BatchFrame`), which both
+the changelog append and the current-state write read. Appends (and equality deletes) are
+parquet files the driver writes and commits through the Iceberg API (datafiles.py: no Spark
+job); what needs a scan of the table (a DELETE of keys, MERGE, a keyless multiset rewrite) and
+tables the files cannot be exact for (partitioned ones) go through a Spark DataFrame of the same
+Arrow table. A keyed table's frame carries `_sluice_latest`, true on the batch's
 last change of each key (computed here, in one pass over the rows), so the current-state write
 reads the batch already reduced to one change per key, with no window or shuffle of its own,
 and `_sluice_delete`, true on the same row when the key may be in the table before the batch
@@ -27,7 +30,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sluice.spark_sink import eqdelete
+from sluice.spark_sink import datafiles
 from sluice.spark_sink.tables import CHANGELOG_META, CURRENT_META, TableState, q
 
 _DECIMAL = re.compile(r"DECIMAL\((\d+),\s*(\d+)\)$")
@@ -38,15 +41,17 @@ FRAME_ONLY = (LATEST, DELETE)
 _OP, _CTS, _SEQ = 0, 1, 2
 _META_WIDTH = len(CHANGELOG_META)
 # How a keyed current table takes a batch (config `current-state`): a DELETE of the keys the
-# batch changes (a Spark job that scans the table), or an equality-delete file of those keys
-# committed through the Iceberg API (no scan; eqdelete.py), then an append of their last
-# images. MERGE (one MERGE INTO) and DELETE_ALL (the DELETE of every changed key, inserts'
+# batch changes (a Spark job that scans the table) then an append of their last images, or the
+# images and an equality-delete file of those keys in one Iceberg commit (no scan;
+# datafiles.py). MERGE (one MERGE INTO) and DELETE_ALL (the DELETE of every changed key, inserts'
 # included: the sink before the insert-first rule) are kept for bench/spark_sink.py's
 # same-invocation comparison only; the config does not accept them.
 DELETE_KEYS, EQUALITY_DELETES = "delete", "equality-deletes"
 MERGE, DELETE_ALL = "merge", "delete-all"
 CURRENT_STATE_METHODS = (DELETE_KEYS, EQUALITY_DELETES)
 _VIEW_IDS = itertools.count(1)
+# Where a table's writes go as files: a Target of the table's branch, or None (Spark writes).
+Direct = Callable[[], 'datafiles.Target | None']
 
 
 def arrow_type(spark_ddl: str) -> Any:
@@ -149,26 +154,37 @@ def batch_arrow(st: TableState, rows: Sequence[tuple[Any, ...]]) -> Any:
 
 
 class BatchFrame:
-    """One table's rows of a batch as one Spark DataFrame, built once for both of its writes.
+    """One table's rows of a batch as one Arrow table, built once for both of its writes.
     `since`: the rows are those with `_commit_ts` > since (the lower of the two skip points).
     `current_by`: how a keyed current table takes it (DELETE_KEYS, EQUALITY_DELETES, or the
-    bench's MERGE / DELETE_ALL)."""
+    bench's MERGE / DELETE_ALL).
+
+    The writes go as files committed through the Iceberg API (datafiles.py) when the table
+    allows (`direct()` returns a Target); otherwise, and for what needs a scan of the table (a
+    DELETE of keys, MERGE, a keyless table's multiset rewrite), through Spark, on a DataFrame
+    made from the same Arrow table only then."""
 
     def __init__(self, spark: Any, st: TableState, rows: Sequence[tuple[Any, ...]], since: int,
                  current_by: str = DELETE_KEYS) -> None:
         self.spark, self.st, self.since = spark, st, since
         self.current_by = current_by if st.key else ""
-        if self.current_by == EQUALITY_DELETES and not eqdelete.supported(
+        if self.current_by == EQUALITY_DELETES and not datafiles.supported(
                 [c.stype for c in key_columns(st)]):
             self.current_by = DELETE_KEYS
         self.by_delete = self.current_by in (DELETE_KEYS, DELETE_ALL, EQUALITY_DELETES)
         self.arrow = batch_arrow(st, rows)
-        self.frame = spark.createDataFrame(self.arrow)
-        # The session's temp views are shared by all threads: tables written at once need
-        # views of their own.
-        self.view = f"{BATCH_VIEW}_{next(_VIEW_IDS)}"
+        self._frame: Any = None
         # What the last write_current did (tests and the bench read it): keys removed, and how.
         self.removed: tuple[str, int] = ("", 0)
+        # How each write went: "direct" (a file through the Iceberg API) or "spark".
+        self.paths: dict[str, str] = {}
+
+    @property
+    def frame(self) -> Any:
+        """The rows as a Spark DataFrame (made on first use: only Spark writes need it)."""
+        if self._frame is None:
+            self._frame = self.spark.createDataFrame(self.arrow)
+        return self._frame
 
     def after(self, skip: int) -> Any:
         """The frame's rows with `_commit_ts` > skip (skip >= since)."""
@@ -177,7 +193,26 @@ class BatchFrame:
         from pyspark.sql import functions as F
         return self.frame.where(F.col("_commit_ts") > F.lit(skip))
 
-    def write_changelog(self, target: str, skip: int) -> None:
+    def arrow_after(self, skip: int) -> Any:
+        """The Arrow rows with `_commit_ts` > skip (skip >= since)."""
+        if skip <= self.since:
+            return self.arrow
+        import pyarrow.compute as pc
+        return self.arrow.filter(pc.greater(self.arrow.column("_commit_ts"), skip))
+
+    def changelog_arrow(self, skip: int) -> Any:
+        a = self.arrow_after(skip)
+        return a.drop_columns(list(FRAME_ONLY)) if self.st.key else a
+
+    def write_changelog(self, target: str, skip: int, direct: Direct | None = None) -> None:
+        """The rows after skip appended to the changelog `target` (our branch): one data file
+        when direct() gives a Target, else a Spark append."""
+        t = direct() if direct is not None else None
+        if t is not None:
+            t.append(self.changelog_arrow(skip))
+            self.paths["changelog"] = "direct"
+            return
+        self.paths["changelog"] = "spark"
         df = self.after(skip)
         (df.drop(*FRAME_ONLY) if self.st.key else df).writeTo(target).append()
 
@@ -200,37 +235,72 @@ class BatchFrame:
         keys = key_columns(self.st)
         return a.filter(mask).select([c.cl for c in keys]).rename_columns([c.name for c in keys])
 
-    def write_current(self, target: str, skip: int,
-                      equality_delete: Callable[[Any], bool] | None = None) -> None:
+    def latest_images(self, skip: int) -> Any:
+        """What a keyed current table gets after the removal of delete_keys(skip): each changed
+        key's last image after skip, unless that change is a delete (Arrow, named as the
+        current table's columns)."""
+        import pyarrow.compute as pc
+        a = self.arrow_after(skip)
+        a = a.filter(pc.and_(a.column(LATEST), pc.not_equal(a.column("_op"), "d")))
+        cols = [c.cl for c in self.st.columns] + [m for m, _ in CURRENT_META]
+        return a.select(cols).rename_columns([c.name for c in self.st.columns]
+                                             + [m for m, _ in CURRENT_META])
+
+    def write_current(self, target: str, skip: int, direct: Direct | None = None) -> None:
         """The batch's rows after skip into the current table `target` (our branch).
-        equality_delete(keys) commits the keys as an equality-delete file (EQUALITY_DELETES; False:
-        it could not, the SQL DELETE runs instead)."""
-        df = self.after(skip)
-        if self.by_delete:
-            from pyspark.sql import functions as F
-            # The batch is small next to the table: broadcast it, so the DELETE is a broadcast
-            # semi-join over the table's scan (no shuffle of the table).
-            df = F.broadcast(df)
-        v = self.view
-        df.createOrReplaceTempView(v)
+
+        Keyed, by delete: with equality deletes and a direct Target, ONE row-delta commit (the
+        last images and the delete file of the keys they replace); otherwise the keys that need
+        it are removed by a Spark DELETE (it scans the table), then the last images are
+        appended (a file when direct). Two commits on the sink's branch at most; the caller's
+        one fast_forward publishes them (main never points at the first), so readers of main
+        see one change. MERGE and keyless tables go through Spark."""
+        if not self.by_delete:
+            self.paths["current"] = "spark"
+            self._write_current_spark(target, skip)
+            return
+        keys = self.delete_keys(skip)
+        t = direct() if direct is not None else None
+        how = ""
+        if t is not None and self.current_by == EQUALITY_DELETES:
+            t.row_delta(self.latest_images(skip), keys)
+            self.removed = (EQUALITY_DELETES if keys.num_rows else "", keys.num_rows)
+            self.paths["current"] = "direct"
+            return
+        if keys.num_rows:
+            how = DELETE_KEYS
+            self._delete_keys_spark(target, keys)
+        self.removed = (how, keys.num_rows)
+        if t is not None:
+            t.append(self.latest_images(skip))
+            self.paths["current"] = "direct"
+            return
+        self.paths["current"] = "spark"
+        v = f"{BATCH_VIEW}_{next(_VIEW_IDS)}"
+        self.after(skip).createOrReplaceTempView(v)
         try:
-            if self.by_delete:
-                # Two commits on the sink's branch (none, then one, when no key needs removing);
-                # the caller's one fast_forward publishes them (main never points at the first),
-                # so readers of main see one change.
-                keys = self.delete_keys(skip)
-                how = ""
-                if keys.num_rows:
-                    if (self.current_by == EQUALITY_DELETES and equality_delete is not None
-                            and equality_delete(keys)):
-                        how = EQUALITY_DELETES
-                    else:
-                        how = DELETE_KEYS
-                        self.spark.sql(delete_keys_sql(self.st, target, v,
-                                                       self.delete_mask(skip)))
-                self.removed = (how, keys.num_rows)
-                self.spark.sql(latest_images_sql(self.st, v)).writeTo(target).append()
-            elif self.st.key:
+            self.spark.sql(latest_images_sql(self.st, v)).writeTo(target).append()
+        finally:
+            self.spark.catalog.dropTempView(v)
+
+    def _delete_keys_spark(self, target: str, keys: Any) -> None:
+        """DELETE from target every row whose key is in keys (a Spark job: it scans the table;
+        the keys, small next to it, are broadcast: a broadcast semi-join, no shuffle)."""
+        from pyspark.sql import functions as F
+        # The session's temp views are shared by all threads: tables written at once need
+        # views of their own.
+        v = f"{BATCH_VIEW}_{next(_VIEW_IDS)}"
+        F.broadcast(self.spark.createDataFrame(keys)).createOrReplaceTempView(v)
+        try:
+            self.spark.sql(delete_in_sql(key_columns(self.st), target, v))
+        finally:
+            self.spark.catalog.dropTempView(v)
+
+    def _write_current_spark(self, target: str, skip: int) -> None:
+        v = f"{BATCH_VIEW}_{next(_VIEW_IDS)}"
+        self.after(skip).createOrReplaceTempView(v)
+        try:
+            if self.st.key:
                 self.spark.sql(current_sql(self.st, target, v))
             else:
                 from pyspark.sql import functions as F
@@ -263,22 +333,17 @@ def current_sql(st: TableState, target: str, view: str = BATCH_VIEW) -> str:
             f"WHEN NOT MATCHED AND s.`_op` <> 'd' THEN INSERT ({ins_cols}) VALUES ({ins_vals})")
 
 
-def delete_keys_sql(st: TableState, target: str, view: str = BATCH_VIEW,
-                    mask: str = LATEST) -> str:
-    """Delete from a keyed current table every row whose key the batch view marks in `mask`
-    (LATEST: every key it changes; DELETE: those not inserted first) (key columns are NOT NULL:
-    tables.key_of_info)."""
-    keys = key_columns(st)
+def delete_in_sql(keys: Sequence[Any], target: str, view: str) -> str:
+    """Delete from a keyed current table every row whose key is in `view` (the key columns
+    under the current table's names)."""
     t_cols = ", ".join(q(c.name) for c in keys)
-    s_cols = ", ".join(q(c.cl) for c in keys)
     if len(keys) > 1:
         t_cols = f"({t_cols})"
-    return (f"DELETE FROM {target} WHERE {t_cols} IN (SELECT {s_cols} FROM {view} "
-            f"WHERE {q(mask)})")
+    return f"DELETE FROM {target} WHERE {t_cols} IN (SELECT {t_cols.strip('()')} FROM {view})"
 
 
 def latest_images_sql(st: TableState, view: str = BATCH_VIEW) -> str:
-    """The rows a keyed current table gets from the batch view after delete_keys_sql: each
+    """The rows a keyed current table gets from the batch view after delete_in_sql: each
     changed key's last image, unless that change is a delete."""
     cols = ", ".join([f"{q(c.cl)} AS {q(c.name)}" for c in st.columns]
                      + [q(m) for m, _ in CURRENT_META])
