@@ -41,12 +41,26 @@ def len_field(tag: int, data: bytes) -> bytes:
     return bytes((tag, n)) + data if n < 0x80 else bytes((tag,)) + varint(n) + data
 
 
+# varint(n >> 7) by n >> 7, for int_field: consecutive timestamps (a group's start_ts and
+# commit_ts) and repeated ones (its ts_ms) share their high varint bytes, and a Python varint
+# of a 50-bit timestamp costs several times the lookup. Bounded; plain values, so no lock.
+_HIGH: dict[int, bytes] = {}
+
+
 def int_field(tag: int, n: int) -> bytes:
     """A varint field (`tag` the one-byte key: field number << 3 | 0; int64/uint32/uint64, a
     negative int64 as ten bytes); b"" for 0, which proto3 does not write."""
     if 0 < n < 0x80:
         return bytes((tag, n))
-    return bytes((tag,)) + varint(n & 0xFFFFFFFFFFFFFFFF) if n else b""
+    if n < 0x4000:
+        return bytes((tag,)) + varint(n & 0xFFFFFFFFFFFFFFFF) if n else b""
+    hi = n >> 7
+    h = _HIGH.get(hi)
+    if h is None:
+        if len(_HIGH) >= 4096:
+            _HIGH.clear()
+        h = _HIGH[hi] = varint(hi)
+    return bytes((tag, n & 0x7F | 0x80)) + h
 
 
 def read_varint(b: bytes, i: int) -> tuple[int, int]:

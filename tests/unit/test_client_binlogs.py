@@ -186,3 +186,16 @@ def test_random_groups_give_the_old_paths_bytes(group: list[FakeTxn], producer_i
     """Random groups (any position, progress, values, producer, epoch, generation, timestamps):
     PREWRITE and COMMIT bytes equal to the old message path's."""
     check(group, producer_id, epoch, generation, first_start, now_ms, commit_ts)
+
+
+@settings(max_examples=500, deadline=None)
+@given(n=st.one_of(st.integers(-(1 << 63), U64), st.integers(0, 1 << 15), st.just(1 << 50)))
+def test_int_field_is_the_key_and_the_varint(n: int) -> None:
+    """core/wire.int_field (its high varint bytes cached) is the key byte then the value's
+    varint (a negative int64 as its 64-bit two's complement), and nothing for 0 — also for the
+    neighbours of a value seen before."""
+    from sluice.core.wire import int_field, varint
+    for m in (n, n + 1, n + 128):
+        if m > U64:
+            continue
+        assert int_field(0x10, m) == (bytes((0x10,)) + varint(m & U64) if m else b"")
