@@ -37,9 +37,10 @@ first baseline tree's last run to FILE.baseline.
    run a fresh `sluice capture` at the source's current GTID, and sysbench `oltp_write_only`
    paced at `--rate` for `--rate-seconds`; the window runs from the capture's first metrics
    answer in the streaming state until its metrics say every sysbench transaction is committed.
-   Per source transaction it reports the capture process's CPU (/proc, all threads), its context
-   switches (/proc/<pid>/task/*/status: every time a thread of it went to sleep and was woken,
-   i.e. socket reads that waited, reader -> loop handoffs, gRPC completions), its groups, the
+   Per source transaction it reports the capture process's CPU (/proc, all threads), its
+   voluntary context switches (/proc/<pid>/task/*/status: every time a thread of it blocked and
+   was woken — socket reads that waited, loop wake-ups, gRPC completions, GIL hand-overs between
+   its threads), its groups, the
    pumps' write requests (their `sluice_pump_write_requests_total`) and, when the tree exports
    them, the reader's socket reads and the loop's cross-thread wake-ups. `--baseline-tree`
    alternates as in 2.
@@ -271,12 +272,14 @@ def _scrape(addr: str) -> dict[str, float]:
 
 
 def _ctx_switches(pid: int) -> int:
-    """Voluntary + involuntary context switches of every thread of a process so far."""
+    """Voluntary context switches of every thread of a process so far: each time one of its
+    threads blocked (a socket read that waited, the loop's poll, a GIL hand-over) and was woken.
+    Involuntary ones (preemption) measure the machine's load, not the capture, and are left out."""
     n = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             for line in (task / "status").read_text().splitlines():
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                if line.startswith("voluntary_ctxt_switches"):
                     n += int(line.split()[1])
         except OSError:
             pass    # a thread that ended meanwhile
@@ -403,7 +406,7 @@ def print_rate(a, variants: list[tuple[str, list[RateRun]]], loads: list[float])
           f"live into 2 pumps; median of {a.repeat}, alternating; load average at each run's start: "
           f"{', '.join(f'{x:.1f}' for x in loads)}")
     print()
-    print("| capture | tps | CPU ms / txn | runs (CPU ms/txn) | ctx switches / txn | socket reads / txn "
+    print("| capture | tps | CPU ms / txn | runs (CPU ms/txn) | voluntary ctx switches / txn | socket reads / txn "
           "| loop wake-ups / txn | txns / group | pump writes / txn | group ms | drain s |")
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, runs in variants:
