@@ -23,7 +23,6 @@ from sluice.capture.schema import SchemaTracker, TableEntry, version_of
 from sluice.capture.types import UndecodableRow
 from sluice.core.log import kv
 from sluice.core.marks import APPLY_MARK
-from sluice.core.wire import int_field, len_field
 from sluice.proto import sluice_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -48,31 +47,6 @@ def file_seq_of(name: str) -> int:
 def gtid_state_text(gtids: Any) -> str:
     """pb GtidPos list -> MariaDB slave_connect_state text ("0-1-99,1-2-5")."""
     return ",".join(f"{g.domain_id}-{g.server_id}-{g.seq_no}" for g in gtids)
-
-
-_parse_position = pb.Position.FromString
-_FILE_FIELDS: dict[str, bytes] = {}
-
-
-def position_bytes(file_seq: int, offset: int, file: str, gtids: dict[int, tuple[int, int]],
-                   ts_ms: int, server_id: int) -> bytes:
-    """A transaction's pb.Position as wire bytes (field order, proto3 defaults omitted, as
-    protobuf writes it): gtids = {domain: (server_id, seq_no)}, in domain order. Parsed once,
-    this is about half the CPU of building the message field by field (one made per source
-    transaction)."""
-    f = _FILE_FIELDS.get(file)
-    if f is None:
-        if len(_FILE_FIELDS) >= 1024:
-            _FILE_FIELDS.clear()
-        f = _FILE_FIELDS[file] = len_field(0x22, file.encode()) if file else b""
-    if len(gtids) == 1:
-        ((d, (s, n)),) = gtids.items()
-        g = len_field(0x2A, int_field(0x08, d) + int_field(0x10, s) + int_field(0x18, n))
-    else:
-        g = b"".join([len_field(0x2A, int_field(0x08, d) + int_field(0x10, s) + int_field(0x18, n))
-                      for d, (s, n) in sorted(gtids.items())])
-    return b"".join((int_field(0x08, file_seq), int_field(0x10, offset), f, g,
-                     int_field(0x38, ts_ms), int_field(0x40, server_id)))
 
 
 def parse_gtid_state(text: str) -> dict[int, tuple[int, int]]:
@@ -424,8 +398,12 @@ class Assembler:
             raise BinlogProtocolError(f"transaction end outside a transaction ({self.where()})")
         self._reset_txn()
         self.gtid_state[t.domain] = (t.server_id, t.seq)
-        pos = _parse_position(position_bytes(t.file_seq, t.offset, t.file, self.gtid_state,
-                                             t.ts * 1000, t.server_id))
+        pos = pb.Position(file_seq=t.file_seq, offset=t.offset, file_name=t.file,
+                          ts_ms=t.ts * 1000, server_id=t.server_id)
+        # add() in place: a list of GtidPos messages copied into the field costs ~1.4x as much
+        add = pos.gtids.add
+        for d, (s, n) in sorted(self.gtid_state.items()):
+            add(domain_id=d, server_id=s, seq_no=n)
         if t.marked:
             # A Sluice sink's own write: replicated here from elsewhere, so not captured again
             # (it would loop). Only its position moves on; shapes it declared were not sent.

@@ -199,22 +199,3 @@ def test_int_field_is_the_key_and_the_varint(n: int) -> None:
         if m > U64:
             continue
         assert int_field(0x10, m) == (bytes((0x10,)) + varint(m & U64) if m else b"")
-
-
-@settings(max_examples=400, deadline=None)
-@given(file_seq=_u64, offset=_u64, file=_text,
-       gtids=st.dictionaries(_u32, st.tuples(_u32, _u64), max_size=5),
-       ts_ms=_i64, server_id=_u32)
-def test_a_transactions_position_bytes_are_the_messages(file_seq: int, offset: int, file: str,
-                                                       gtids: dict[int, tuple[int, int]],
-                                                       ts_ms: int, server_id: int) -> None:
-    """The assembler's position bytes (capture/assembler.py) are what the message built field by
-    field (GTIDs in domain order) serializes to, and parse back to it."""
-    from sluice.capture.assembler import position_bytes
-    old = pb.Position(file_seq=file_seq, offset=offset, file_name=file, ts_ms=ts_ms,
-                      server_id=server_id)
-    for d, (s, n) in sorted(gtids.items()):
-        old.gtids.add(domain_id=d, server_id=s, seq_no=n)
-    raw = position_bytes(file_seq, offset, file, gtids, ts_ms, server_id)
-    assert raw == old.SerializeToString()
-    assert pb.Position.FromString(raw) == old
