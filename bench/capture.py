@@ -24,6 +24,7 @@ buffers in non-blocking mode, see capture/reader.py) iterated to the binlog's en
     .venv/bin/python bench/capture.py [--txns 3000] [--rows-per-txn 5] [--repeat 3] [--port PORT]
                                       [--sysbench-txns N] [--median] [--profile]
                                       [--e2e-only] [--baseline-tree DIR ...] [--profile-e2e FILE]
+                                      [--rate TPS --rate-seconds S]
 
 The end-to-end runs also report the capture process's CPU per source transaction (/proc, from
 the last metrics poll showing 0 committed to the one showing all committed). `--baseline-tree`
@@ -31,6 +32,18 @@ the last metrics poll showing 0 committed to the one showing all committed). `--
 through this venv, alternating with this checkout in every repeat: the baseline of the same
 invocation. `--profile-e2e FILE` writes a py-spy profile (GIL samples) of this checkout's last run, and of the
 first baseline tree's last run to FILE.baseline.
+
+3. bounded rate (`--rate TPS`) — the capture live, not behind: etcd + TSO + 2 pumps, then per
+   run a fresh `sluice capture` at the source's current GTID, and sysbench `oltp_write_only`
+   paced at `--rate` for `--rate-seconds`; the window runs from the capture's first metrics
+   answer in the streaming state until its metrics say every sysbench transaction is committed.
+   Per source transaction it reports the capture process's CPU (/proc, all threads), its
+   voluntary context switches (/proc/<pid>/task/*/status: every time a thread of it blocked and
+   was woken — socket reads that waited, loop wake-ups, gRPC completions, GIL hand-overs between
+   its threads), its groups, the
+   pumps' write requests (their `sluice_pump_write_requests_total`) and, when the tree exports
+   them, the reader's socket reads and the loop's cross-thread wake-ups. `--baseline-tree`
+   alternates as in 2.
 
 With --sysbench-txns the binlog is sysbench `oltp_write_only` instead (1 table of 10k rows
 prepared first, then N transactions at full speed with 4 threads: per transaction two UPDATEs
@@ -41,6 +54,7 @@ Without --port it starts a throwaway MariaDB (tests/support/mariadb.py). Prints 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import platform
@@ -244,6 +258,180 @@ def run_end_to_end(cluster, server_port: int, password: str, start: str, txns: i
         proc.stop()
 
 
+def _scrape(addr: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=2).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def _ctx_switches(pid: int) -> int:
+    """Voluntary context switches of every thread of a process so far: each time one of its
+    threads blocked (a socket read that waited, the loop's poll, a GIL hand-over) and was woken.
+    Involuntary ones (preemption) measure the machine's load, not the capture, and are left out."""
+    n = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    n += int(line.split()[1])
+        except OSError:
+            pass    # a thread that ended meanwhile
+    return n
+
+
+@dataclasses.dataclass
+class RateRun:
+    """One bounded-rate run of one tree: totals over its window."""
+    txns: int              # sysbench transactions (= source transactions)
+    tps: float             # sysbench's achieved rate
+    cpu_s: float           # capture process CPU over the window
+    ctx: int               # its context switches
+    groups: float
+    pump_writes: float     # write requests acknowledged by the two pumps
+    reads: float | None    # the reader's socket reads (None: the tree does not export it)
+    wakeups: float | None  # cross-thread wake-ups of the event loop (None: not exported)
+    group_ms: float        # mean prewrite -> commit-ack time of a group
+    drain_s: float         # from sysbench's end to the last transaction committed
+
+
+_READS = "sluice_capture_source_reads_total"
+_WAKEUPS = "sluice_capture_loop_wakeups_total"
+
+
+def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: int,  # type: ignore[no-untyped-def]
+             producer: str, pump_metrics: list[str], tree: Path | None = None,
+             profile: Path | None = None) -> RateRun:
+    """A fresh capture at the source's current GTID, then sysbench paced at `rate` for `seconds`
+    while it streams live into the pumps; totals from its streaming start to all committed."""
+    from tests.support.cluster import set_args
+    from tests.support.procs import PYTHON, Proc, free_port, sluice_argv
+    import pymysql
+    with pymysql.connect(host="127.0.0.1", port=server_port, user="root", password=password) as c, \
+            c.cursor() as cur:
+        cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
+        start = cur.fetchone()[0] or ""
+    metrics = f"127.0.0.1:{free_port()}"
+    settings = {
+        "producer-id": producer, "cluster-id": cluster.cluster_id, "etcd": cluster.etcd,
+        "tso": cluster.tso_addrs, "start-position": f"gtid:{start}", "metrics-addr": metrics,
+        "source.host": "127.0.0.1", "source.port": server_port, "source.user": "root",
+        "source.password": password, "source.server-id": 9200 + int(producer.rsplit("-", 1)[1]),
+        "source.name": producer,
+    }
+    argv = sluice_argv("capture", *set_args(settings))
+    if tree is not None:
+        here = str(Path(__file__).resolve().parents[1])
+        argv = [PYTHON, "-c", _TREE_LAUNCHER, here, str(tree.resolve()), *argv[3:]]
+    proc = Proc(producer, argv, cluster.workdir / f"{producer}.log").start()
+    spy = None
+    try:
+        deadline = time.time() + 60
+        while True:
+            if not proc.alive():
+                raise RuntimeError(f"capture exited:\n{proc.log_text()[-3000:]}")
+            if time.time() > deadline:
+                raise RuntimeError("the capture did not reach the streaming state in 60 s")
+            try:
+                m0 = _scrape(metrics)
+            except OSError:
+                time.sleep(0.1)
+                continue
+            if m0.get('sluice_capture_state{state="streaming"}') == 1:
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)    # settle: the first heartbeat, imports of lazily loaded modules
+
+        def pumps_writes() -> float:
+            return sum(_scrape(a).get("sluice_pump_write_requests_total", 0.0) for a in pump_metrics)
+
+        if profile is not None:
+            spy = Proc(f"{producer}-py-spy", [
+                str(Path(PYTHON).parent / "py-spy"), "record", "--pid", str(proc.pid),
+                "--gil", "--nonblocking", "--function", "--rate", "200", "--format", "raw",
+                "--output", str(profile)], cluster.workdir / f"{producer}-py-spy.log").start()
+        m0, w0 = _scrape(metrics), pumps_writes()
+        cpu0, ctx0 = _cpu_s(proc.pid), _ctx_switches(proc.pid)
+        res = sb.run(seconds, rate)
+        ended = time.time()
+        want = m0.get("sluice_capture_transactions_total", 0.0) + res.transactions
+        deadline = time.time() + 120
+        while True:
+            m1 = _scrape(metrics)
+            if m1.get("sluice_capture_transactions_total", 0.0) >= want:
+                break
+            if time.time() > deadline or not proc.alive():
+                raise RuntimeError(f"the capture did not commit {res.transactions} transactions "
+                                   f"(at {m1.get('sluice_capture_transactions_total')} of {want})")
+            time.sleep(0.05)
+        drained = time.time()
+        cpu1, ctx1 = _cpu_s(proc.pid), _ctx_switches(proc.pid)
+        w1 = pumps_writes()
+        # The counters of the reads and wake-ups are published by the capture once a second.
+        time.sleep(1.2)
+        m2 = _scrape(metrics)
+
+        def delta(name: str, after: dict[str, float] = m1) -> float:
+            return after.get(name, 0.0) - m0.get(name, 0.0)
+
+        gs = delta("sluice_capture_group_seconds_sum")
+        gc = delta("sluice_capture_group_seconds_count")
+        return RateRun(
+            txns=res.transactions, tps=res.tps, cpu_s=cpu1 - cpu0, ctx=ctx1 - ctx0,
+            groups=delta("sluice_capture_groups_total"), pump_writes=w1 - w0,
+            reads=delta(_READS, m2) if _READS in m2 else None,
+            wakeups=delta(_WAKEUPS, m2) if _WAKEUPS in m2 else None,
+            group_ms=1000 * gs / gc if gc else float("nan"), drain_s=drained - ended)
+    finally:
+        if spy is not None:
+            spy.signal(2)
+            assert spy.popen is not None
+            try:
+                spy.popen.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+            spy.stop()
+        proc.stop()
+
+
+def print_rate(a, variants: list[tuple[str, list[RateRun]]], loads: list[float]) -> None:  # type: ignore[no-untyped-def]
+    med = statistics.median
+    print(f"bounded rate: sysbench oltp_write_only at --rate {a.rate} for {a.rate_seconds} s, capture "
+          f"live into 2 pumps; median of {a.repeat}, alternating; load average at each run's start: "
+          f"{', '.join(f'{x:.1f}' for x in loads)}")
+    print()
+    print("| capture | tps | CPU ms / txn | runs (CPU ms/txn) | voluntary ctx switches / txn | socket reads / txn "
+          "| loop wake-ups / txn | txns / group | pump writes / txn | group ms | drain s |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, runs in variants:
+        per = [1000 * r.cpu_s / r.txns for r in runs]
+
+        def m(f):  # type: ignore[no-untyped-def]
+            vals = [f(r) for r in runs]
+            return "n/a" if any(v is None for v in vals) else f"{med(vals):.3f}"
+        print(f"| {name} | {med(r.tps for r in runs):,.0f} | {med(per):.4f} | "
+              f"{', '.join(f'{x:.4f}' for x in per)} | {m(lambda r: r.ctx / r.txns)} | "
+              f"{m(lambda r: None if r.reads is None else r.reads / r.txns)} | "
+              f"{m(lambda r: None if r.wakeups is None else r.wakeups / r.txns)} | "
+              f"{m(lambda r: r.txns / r.groups if r.groups else 0.0)} | "
+              f"{m(lambda r: r.pump_writes / r.txns)} | {m(lambda r: r.group_ms)} | "
+              f"{m(lambda r: r.drain_s)} |")
+    if len(variants) > 1:
+        base = med(1000 * r.cpu_s / r.txns for r in variants[0][1])
+        for name, runs in variants[1:]:
+            ours = med(1000 * r.cpu_s / r.txns for r in runs)
+            print(f"| {name} vs {variants[0][0]} (CPU) | | {base / ours:.2f}x less | | | | | | | | |")
+    print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
+          f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, "
+          f"date {time.strftime('%Y-%m-%d %H:%M')}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--txns", type=int, default=3000)
@@ -267,6 +455,13 @@ def main() -> None:
                     help="skip the decode-only runs (count transactions with one native run)")
     ap.add_argument("--sysbench-txns", type=int, default=0,
                     help="read a sysbench oltp_write_only binlog of this many transactions")
+    ap.add_argument("--rate", type=int, default=0,
+                    help="bounded-rate mode: sysbench paced at this many tps while the capture "
+                         "streams live (see 3. above)")
+    ap.add_argument("--rate-seconds", type=int, default=30)
+    ap.add_argument("--profile-rate", type=Path,
+                    help="--rate: py-spy (GIL samples) of this checkout's last run to FILE, the "
+                         "first baseline tree's to FILE.baseline")
     a = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench-capture-"))
     server = cluster = etcd = None
@@ -287,6 +482,47 @@ def main() -> None:
             from e2e_support import Sysbench
             sb = Sysbench(port, password, tables=1, table_size=10_000, threads=4)
             sb.prepare()
+        if a.rate:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from e2e_support import Sysbench
+            from tests.support.cluster import Cluster
+            from tests.support.procs import EtcdServer, free_port
+            sb = Sysbench(port, password, tables=1, table_size=10_000, threads=4)
+            sb.prepare()
+            etcd = EtcdServer(workdir / "etcd").start()
+            cluster = Cluster(workdir, etcd.endpoint)
+            cluster.start_tso()
+            pump_metrics = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+            for p, addr in zip(("pump-1", "pump-2"), pump_metrics):
+                cluster.start_pump(p, wait_online=False, **{"metrics-addr": addr})
+            for p in ("pump-1", "pump-2"):
+                cluster.wait_pump_writable(cluster.pumps[p])
+            trees: list[Path | None] = [*a.baseline_tree, None]
+            runs: list[list[RateRun]] = [[] for _ in trees]
+            loads = []
+            n = 0
+            for i in range(a.repeat):
+                for j, tree in enumerate(trees):
+                    loads.append(os.getloadavg()[0])
+                    prof = None
+                    if a.profile_rate is not None and i == a.repeat - 1:
+                        if tree is None:
+                            prof = a.profile_rate
+                        elif j == 0:
+                            prof = a.profile_rate.with_name(a.profile_rate.name + ".baseline")
+                    runs[j].append(run_rate(cluster, port, password, sb, a.rate, a.rate_seconds,
+                                            f"bench-cap-{n}", pump_metrics, tree, prof))
+                    n += 1
+            names = [f"{'baseline' if j == 0 else 'step'} tree {t}" for j, t in enumerate(a.baseline_tree)]
+            print_rate(a, list(zip([*names, "this checkout"], runs)), loads)
+            if a.profile_rate is not None:
+                base_prof = a.profile_rate.with_name(a.profile_rate.name + ".baseline")
+                for what, path in (("the baseline tree's", base_prof), ("this checkout's", a.profile_rate)):
+                    if path.exists():
+                        print()
+                        print(f"py-spy of {what} capture, last repeat ({path}):")
+                        print(spy_table(path))
+            return
         cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
         start = cur.fetchone()[0] or ""
         if sb is not None:

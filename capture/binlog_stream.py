@@ -145,6 +145,7 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
         self._rest = b""                    # an incomplete packet at the end of the last read
         self._bad_seq = -1
         self._failed: BaseException | None = None   # a read error kept for the next _refill
+        self.reads = 0      # socket reads of the dump connection (sluice_capture_source_reads_total)
         super().__init__(*args, **kwargs)
         # The natively framed events are what `fetchone` returns for rows, TableMaps, GTIDs, XIDs.
         for attr in ("_BinLogStreamReader__allowed_events_in_packet",
@@ -203,6 +204,7 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
             rest = self._rest
             # a packet bigger than what is buffered: read the rest of it at once
             missing = 4 + (rest[0] | rest[1] << 8 | rest[2] << 16) - len(rest) if len(rest) >= 4 else 0
+            self.reads += 1
             try:
                 chunk = conn._rfile.read(missing) if missing > 0 else conn._rfile.read1(_READ_CHUNK)
             except InterruptedError:

@@ -20,7 +20,7 @@ from sluice.capture.schema import SchemaTracker, TableFilter, version_of
 from sluice.capture.snapshot.modes import SnapshotMode, StartState, decide, parse_mode
 from sluice.capture.snapshot.progress import SnapshotState, decode, encode
 from sluice.capture.snapshotter import READ_ONLY, SIGNAL_TABLE, Snapshotter, new_state
-from sluice.capture.writer import GroupWriter
+from sluice.capture.writer import GroupWriter, stamped
 from sluice.client.pumps import PumpsClient
 from sluice.client.producer import ProducerServer
 from sluice.core import errors
@@ -216,8 +216,11 @@ class Capture(Streaming):
             value = pb.PrewriteValue(schema_snapshots=infos, source=pb.SourceInfo(
                 name=c.source.resolved_name(), server_id=facts.server_id,
                 ts_ms=int(time.time() * 1000)))
-            await self.writer.write_items([(value.SerializeToString(), at,
-                                            encode(state) if state else None)])
+            if self.writer.generation:
+                at.generation = self.writer.generation   # `last` below carries it too
+            await self.writer.write_items([stamped(value.SerializeToString(), at,
+                                                   encode(state) if state else None,
+                                                   self.writer.generation)])
             last = at
             log.info("declared %d table(s) in a schema-snapshot transaction at %s",
                      len(infos), format_position(at),

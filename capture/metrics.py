@@ -32,6 +32,10 @@ class CaptureMetrics:
         self.restarts = m.counter("capture_restarts_total",
                                   "in-process restarts (new epoch, recovery from the pumps) after "
                                   "a pump, etcd or the TSO was unreachable or the pumps were full")
+        self.source_reads = m.counter("capture_source_reads_total",
+                                      "socket reads of the binlog dump connection")
+        self.loop_wakeups = m.counter("capture_loop_wakeups_total",
+                                      "wake-ups of the event loop by the reader/snapshot threads")
         self.group_seconds = m.histogram("capture_group_seconds", "prewrite to commit ack per group",
                                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
         # Snapshots (docs/snapshots.md): what a progress bar would show, per table.

@@ -13,20 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.core.wire import len_field, varint
+from sluice.core.wire import int_field as _int_field, len_field
 from sluice.proto import sluice_pb2 as pb
 
 __all__ = ["RowsMutation", "Mutation", "change_count", "source_info", "prewrite_payloads"]
-
-_U64 = 0xFFFFFFFFFFFFFFFF
-
-
-def _int_field(tag: int, n: int) -> bytes:
-    """A varint field (int64/uint32/uint64; negative int64 as ten bytes); b"" for 0."""
-    if 0 < n < 0x80:
-        return bytes((tag, n))
-    return bytes((tag,)) + varint(n & _U64) if n else b""
-
 
 def _str_field(tag: int, s: str) -> bytes:
     return len_field(tag, s.encode()) if s else b""

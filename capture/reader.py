@@ -92,6 +92,11 @@ class BinlogReader:
             self.assembler.abandon()
             raise
 
+    @property
+    def reads(self) -> int:
+        """Socket reads of the dump connection so far."""
+        return self._stream.reads
+
     def lag_s(self) -> float:
         ts = self.assembler.last_event_ts
         return max(0.0, time.time() - ts) if ts else 0.0

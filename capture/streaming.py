@@ -45,6 +45,14 @@ def _progress_only(txn: SourceTxn) -> bool:
     return txn.snapshot is not None and txn.empty
 
 
+def _weight(item: object) -> int | None:
+    """A queued item's bytes toward the group budget; None for what ends a group (a marker, an
+    error, a row-less snapshot progress record)."""
+    if type(item) is SourceTxn and not _progress_only(item):
+        return item.size
+    return None
+
+
 def progress_doc(p: pb.SnapshotProgress) -> dict[str, Any]:
     """Snapshot progress as the JSON `sluice ctl snapshot status` shows."""
     st = decode(p)
@@ -172,7 +180,7 @@ class Streaming:
     async def _stream(self, start: str) -> None:
         c = self.config
         loop = asyncio.get_running_loop()
-        queue = Handoff(loop, _QUEUE)
+        queue = Handoff(loop, _QUEUE, _weight)
         self._queue = queue
         put = self._put = queue.put
         snap = self.snapshotter
@@ -212,11 +220,16 @@ class Streaming:
             deadline = loop.time() + wait_s
             while len(group) < c.group_max_txns and size < c.group_max_bytes \
                     and not _progress_only(group[-1]):
-                try:
-                    nxt = queue.get_nowait() if queue.qsize() else await queue.get(
-                        max(0.0, deadline - loop.time()))
-                except asyncio.TimeoutError:
-                    break
+                if not queue.qsize():
+                    # One wake-up for the rest of the group: when it would be full, a marker
+                    # arrives, or at the deadline (the bound on the added latency, as before).
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    await queue.fill(c.group_max_txns - len(group), c.group_max_bytes - size, left)
+                    if not queue.qsize():
+                        break
+                nxt = queue.get_nowait()
                 if not isinstance(nxt, SourceTxn):
                     held = nxt    # a marker ends the group; handled first thing next round
                     break
@@ -289,10 +302,25 @@ class Streaming:
         return max(0.0, time.time() - ts_ms / 1000) if ts_ms else 0.0
 
     async def _lag_loop(self) -> None:
+        counted: dict[str, tuple[object, int]] = {}
         while True:
             await asyncio.sleep(1.0)
             self.metrics.lag.set(self.lag_s())
             self._snapshot_metrics()
+            self._count_wakeups(counted)
+
+    def _count_wakeups(self, counted: dict[str, tuple[object, int]]) -> None:
+        """The reader's socket reads and the loop's cross-thread wake-ups, added to their
+        counters once a second (plain ints on the hot path; a reconnect makes new objects)."""
+        m = self.metrics
+        for key, obj, counter in (("reads", self._reader, m.source_reads),
+                                  ("wakeups", self._queue, m.loop_wakeups)):
+            if obj is None:
+                continue
+            now = obj.reads if key == "reads" else obj.wakeups  # type: ignore[attr-defined]
+            seen, before = counted.get(key, (None, 0))
+            counter.inc(now - (before if seen is obj else 0))
+            counted[key] = (obj, now)
 
     def _snapshot_metrics(self) -> None:
         st = self.snapshotter.state if self.snapshotter is not None else None

@@ -24,10 +24,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import grpc
 
 from sluice.capture.reader import SourceTxn
+from sluice.client import binlogs
 from sluice.client.commit import CommitCore, TxnAborted
 from sluice.client.pumps import PumpsClient
 from sluice.core import errors, grpcutil
@@ -46,34 +48,71 @@ class Fenced(errors.FailedPrecondition):
     """Another capture with this producer id took over (a newer epoch): this one must stop."""
 
 
-PumpItem = tuple[bytes, pb.Position, "pb.SnapshotProgress | None"]
-"""One pump transaction: its serialized PrewriteValue, source position and the snapshot
-progress it records."""
+class PumpItem(NamedTuple):
+    """One pump transaction as wire bytes: its serialized PrewriteValue, source position (with
+    the writer's generation) and the snapshot progress it records (None: none)."""
+
+    value: bytes
+    position: bytes
+    snapshot: bytes | None
 
 
-def pump_txns(group: list[SourceTxn], source_name: str) -> list[PumpItem]:
-    """(value, position, snapshot progress) per pump transaction. Empty source transactions are
-    dropped, except the group's last one, which still carries the position forward (so a restart
-    does not re-read a long run of filtered transactions)."""
+def stamped(value: bytes, position: pb.Position, snapshot: pb.SnapshotProgress | None,
+            generation: int) -> PumpItem:
+    """A pump transaction with `generation` (a rewind's, core/rewind.py; 0: none) stamped on
+    its position and on the position its snapshot progress was recorded at."""
+    if snapshot is None:
+        return PumpItem(value, binlogs.position_bytes(position, generation), None)
+    if generation and snapshot.HasField("recorded_at"):
+        snap = pb.SnapshotProgress()
+        snap.CopyFrom(snapshot)
+        snap.recorded_at.generation = generation
+        snapshot = snap
+    return PumpItem(value, binlogs.position_bytes(position, generation),
+                    snapshot.SerializeToString())
+
+
+def pump_txns(group: list[SourceTxn], source_name: str, generation: int = 0) -> list[PumpItem]:
+    """The pump transactions of a group. Empty source transactions are dropped, except the
+    group's last one, which still carries the position forward (so a restart does not re-read a
+    long run of filtered transactions)."""
     out: list[PumpItem] = []
+    append = out.append
+    last = len(group) - 1
     for i, st in enumerate(group):
-        if st.empty and i != len(group) - 1:
+        if st.empty and i != last:
             continue
         values = st.prewrite_values(source_name)
+        if len(values) == 1 and st.snapshot is None:
+            # The common case: the source position serialized once, straight from the reader.
+            append(PumpItem(values[0], binlogs.position_bytes(st.position, generation), None))
+            continue
         for j, v in enumerate(values):
-            pos = pb.Position()
-            pos.CopyFrom(st.position)
-            # A statement acting on several tables (DROP TABLE a, b) is several pump transactions
-            # at one source position, ordered by sub_seq; a snapshot chunk's position already
-            # carries its own sub_seq (2^32 + n), which is kept.
-            pos.sub_seq = st.position.sub_seq + j
+            pos = st.position
+            if j:
+                # A statement acting on several tables (DROP TABLE a, b) is several pump
+                # transactions at one source position, ordered by sub_seq; a snapshot chunk's
+                # position already carries its own sub_seq (2^32 + n), which is kept.
+                pos = pb.Position()
+                pos.CopyFrom(st.position)
+                pos.sub_seq = st.position.sub_seq + j
             snap = st.snapshot
             if snap is not None:
+                # recorded at the position of the transaction that carries it
                 snap = pb.SnapshotProgress()
                 snap.CopyFrom(st.snapshot)
                 snap.recorded_at.CopyFrom(pos)
-            out.append((v, pos, snap))
+            append(stamped(v, pos, snap, generation))
     return out
+
+
+def group_prewrites(items: list[PumpItem], ident: bytes, first_start: int,
+                    now_ms: int) -> list[binlogs.Encoded]:
+    """The group's PREWRITE binlogs, start_ts consecutive from `first_start`; `ident` is
+    `binlogs.identity(producer_id, epoch)`."""
+    prewrite, tail = binlogs.prewrite, binlogs.tail
+    return [prewrite(first_start + i, v, tail(ident, pos, snap, now_ms))
+            for i, (v, pos, snap) in enumerate(items)]
 
 
 def _how_far(p: pb.SnapshotProgress) -> tuple[bool, int, int]:
@@ -119,6 +158,7 @@ class GroupWriter:
         self.groups = 0
         self.txns = 0
         self._core: CommitCore | None = None
+        self._identity: tuple[int, bytes] | None = None   # (epoch, Binlog fields 7 and 8)
 
     # -- recovery -----------------------------------------------------------------------------
 
@@ -187,7 +227,7 @@ class GroupWriter:
     async def write_group(self, group: list[SourceTxn]) -> None:
         """Commit these source transactions (in source order) as one group; returns after the
         commits were acknowledged, i.e. after the pumps recorded the group's last position."""
-        items = pump_txns(group, self.source_name)
+        items = pump_txns(group, self.source_name, self.generation)
         if items:
             await self.write_items(items)
         self.groups += 1
@@ -199,18 +239,12 @@ class GroupWriter:
         write is the point of no return. Snapshot progress goes on the COMMIT (the binlog the
         pump records producer positions from) and, for readers of prewrites, on the PREWRITE."""
         n = len(items)
-        if self.generation:
-            for _, pos, snap in items:
-                pos.generation = self.generation
-                if snap is not None and snap.HasField("recorded_at"):
-                    snap.recorded_at.generation = self.generation
         first_start, _ = await self.tso.get_ts_range(n)
         now_ms = int(time.time() * 1000)
-        prewrites = [pb.Binlog(tp=pb.PREWRITE, start_ts=first_start + i,
-                               prewrite_value=v, producer_id=self.producer_id,
-                               producer_epoch=self.epoch, position=pos, snapshot=snap,
-                               ts_ms=now_ms)
-                     for i, (v, pos, snap) in enumerate(items)]
+        ident = self._identity
+        if ident is None or ident[0] != self.epoch:
+            ident = self._identity = (self.epoch, binlogs.identity(self.producer_id, self.epoch))
+        prewrites = group_prewrites(items, ident[1], first_start, now_ms)
         starts = [b.start_ts for b in prewrites]
         # In-flight start_ts stay UNKNOWN to TxnStatus unless this group provably ended here
         # (committed, or rolled back before the point of no return). On any other failure the

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.core import errors, failpoint
@@ -29,6 +29,7 @@ from sluice.core.log import kv
 from sluice.proto import sluice_pb2 as pb
 
 from . import outbox
+from .binlogs import Encoded, commit_of, encode
 
 if TYPE_CHECKING:
     from sluice.core.tls import SecurityConfig
@@ -146,10 +147,11 @@ class CommitCore:
         b.prewrite_value = value.SerializeToString()
         return b
 
-    async def commit(self, prewrites: list[pb.Binlog], steps: CommitSteps) -> int:
+    async def commit(self, prewrites: Sequence[pb.Binlog | Encoded], steps: CommitSteps) -> int:
         """Commit these prewrites (one pump transaction each, commit_ts consecutive, in order);
         returns the first commit_ts. Raises TxnAborted when rolled back, TxnUnknown when the
         outbox could not decide an ambiguous point of no return."""
+        prewrites = [encode(b) for b in prewrites]
         starts = [b.start_ts for b in prewrites]
         try:
             ack = await self.pumps.write_prewrites(prewrites)
@@ -185,14 +187,10 @@ class CommitCore:
             await self._send_commit(starts[0], commit_ts, ack)
         return commit_ts
 
-    async def _write_commits(self, prewrites: list[pb.Binlog], commit_ts: int, ack: PrewriteAck,
+    async def _write_commits(self, prewrites: list[Encoded], commit_ts: int, ack: PrewriteAck,
                              steps: CommitSteps) -> None:
-        commits = [pb.Binlog(tp=pb.COMMIT, start_ts=p.start_ts, commit_ts=commit_ts + i,
-                             producer_id=p.producer_id, producer_epoch=p.producer_epoch,
-                             position=p.position if p.HasField("position") else None,
-                             snapshot=p.snapshot if p.HasField("snapshot") else None,
-                             ts_ms=p.ts_ms)
-                   for i, p in enumerate(prewrites)]
+        # Each COMMIT repeats its prewrite's producer, epoch, position, snapshot and ts_ms.
+        commits = [commit_of(p, commit_ts + i) for i, p in enumerate(prewrites)]
         try:
             await self.pumps.write_commits(commits, ack)
         except BaseException as e:

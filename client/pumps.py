@@ -27,7 +27,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from sluice.core import errors, grpcutil
 from sluice.core.errors import NoPumpAvailable
@@ -41,6 +41,7 @@ from sluice.proto import sluice_pb2 as pb
 from .acks import (CommitNotAcknowledged, PrewriteAck, check_commit_ts, group_calls,
                    split_prewrite)
 from .batcher import WriteBatcher
+from .binlogs import Encoded, encode
 from .pump_state import (ChannelRef, ClientMetrics, Failover, PumpState, close_ref,
                          gather_results, replicas_of)
 from .routing import Candidate, make_selector
@@ -150,11 +151,13 @@ class PumpsClient:
     async def write_prewrite(self, binlog: pb.Binlog) -> PrewriteAck:
         return await self.write_prewrites([binlog])
 
-    async def write_prewrites(self, binlogs: list[pb.Binlog]) -> PrewriteAck:
+    async def write_prewrites(self, binlogs: Sequence[pb.Binlog | Encoded]) -> PrewriteAck:
         """Durably write these prewrites to one pump (`replicas` pumps), atomically when they fit
-        in one call; returns after every holder acknowledged. Routed by binlogs[0].start_ts."""
+        in one call; returns after every holder acknowledged. Routed by binlogs[0].start_ts.
+        Binlogs come as messages or as wire bytes (client/binlogs.py)."""
         if not binlogs:
             raise errors.InvalidArgument("write_prewrites needs at least one binlog")
+        binlogs = [encode(b) for b in binlogs]
         for b in binlogs:
             if b.tp != _PREWRITE or b.start_ts <= 0:
                 raise errors.InvalidArgument(
@@ -162,10 +165,14 @@ class PumpsClient:
                     f"{pb.BinlogType.Name(b.tp)} start_ts={b.start_ts}")
         start_ts = binlogs[0].start_ts
         limit = self.max_binlog_size
-        if len(binlogs) == 1 and len(raw := binlogs[0].SerializeToString()) <= limit:
-            calls = [[raw]]   # the common case: serialized once, one call
+        payloads = [b.raw for b in binlogs]
+        if len(payloads) == 1 and len(payloads[0]) <= limit:
+            calls = [payloads]   # the common case: one call
         else:
-            payloads = [part for b in binlogs for part in split_prewrite(b, limit)]
+            if any(len(raw) > limit for raw in payloads):
+                payloads = [part for raw in payloads for part in
+                            (split_prewrite(pb.Binlog.FromString(raw), limit)
+                             if len(raw) > limit else [raw])]
             calls = group_calls(payloads, limit)
         held: dict[str, int] = {}
         failed_here: dict[str, str] = {}
@@ -244,7 +251,7 @@ class PumpsClient:
             reasons.append(f"{node_id} ({p.addr}): {why}")
         return f"{head}: " + "; ".join(reasons)
 
-    def _remember_orphans(self, binlogs: Iterable[pb.Binlog], pumps: set[str]) -> None:
+    def _remember_orphans(self, binlogs: Iterable[Encoded], pumps: set[str]) -> None:
         if not pumps:
             return
         frozen = frozenset(pumps)
@@ -256,12 +263,13 @@ class PumpsClient:
                         "resolves it with TxnStatus", start_ts, ",".join(sorted(where)))
 
     # -- commits and rollbacks -------------------------------------------------------------
-    async def write_commits(self, binlogs: list[pb.Binlog], ack: PrewriteAck) -> None:
+    async def write_commits(self, binlogs: Sequence[pb.Binlog | Encoded], ack: PrewriteAck) -> None:
         """Write these COMMIT/ROLLBACK binlogs to every pump in ack.pumps (atomically per pump),
         retrying; a pump that stays unreachable gets them later (CommitNotAcknowledged when none
         acknowledged them). FAILED_PRECONDITION and other request errors raise at once."""
         if not binlogs:
             raise errors.InvalidArgument("write_commits needs at least one binlog")
+        binlogs = [encode(b) for b in binlogs]
         for b in binlogs:
             tp = b.tp
             if (tp != _COMMIT and tp != _ROLLBACK) or b.start_ts <= 0:
@@ -270,8 +278,7 @@ class PumpsClient:
                     f"{pb.BinlogType.Name(b.tp)} start_ts={b.start_ts}")
             if tp == _COMMIT and b.commit_ts <= ack.watermark:
                 check_commit_ts(b.commit_ts, ack)   # raises
-        payloads = ([binlogs[0].SerializeToString()] if len(binlogs) == 1
-                    else [b.SerializeToString() for b in binlogs])
+        payloads = [b.raw for b in binlogs]
         if self._orphans:
             orphans: set[str] = set()
             for b in binlogs:

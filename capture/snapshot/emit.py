@@ -63,7 +63,7 @@ class Stamper:
         if position is a:
             return
         if position.file_seq != a.file_seq or position.offset != a.offset \
-                or list(position.gtids) != list(a.gtids):
+                or position.gtids != a.gtids:   # element-wise, without two lists per call
             self.n = 0
         self.anchor = position
 

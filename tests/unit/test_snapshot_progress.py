@@ -60,5 +60,8 @@ def test_the_latest_progress_over_pumps_is_the_one_recorded_at_the_greatest_posi
 
         def prewrite_values(self, source_name: str) -> list[bytes]:
             return [b""]
-    (_, pos, snap), = pump_txns([Src()], "src")  # type: ignore[list-item]
-    assert snap is not None and snap.recorded_at == pos and not Src.snapshot.HasField("recorded_at")
+    (_, pos_b, snap_b), = pump_txns([Src()], "src")  # type: ignore[list-item]
+    assert snap_b is not None
+    pos, snap = pb.Position.FromString(pos_b), pb.SnapshotProgress.FromString(snap_b)
+    assert snap.recorded_at == pos and pos == Src.position
+    assert not Src.snapshot.HasField("recorded_at")
