@@ -259,7 +259,7 @@ def _pct(values: list[float], q: float) -> float | None:
 # 2. Sluice
 # ---------------------------------------------------------------------------------------------
 
-def cluster_toml(downstream_port: int, spark: bool) -> str:
+def cluster_toml(downstream_port: int, spark: bool, current_state: str = "delete") -> str:
     # Spark's session start takes minutes on a loaded machine.
     text = f"""cluster-id = 1
 start-timeout = 900.0
@@ -278,6 +278,7 @@ to = {{ host = "127.0.0.1", port = {downstream_port}, user = "root", password = 
 [[drainers]]
 name = "{SPARK_DRAINER}"
 sink = "spark"
+to = {{ "current-state" = "{current_state}" }}
 """
     return text + """
 [mariadb]
@@ -379,7 +380,7 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
     down = MariaDBServer(workdir / "sluice-downstream", server_id=3).start()
     stack.callback(down.stop)
     conf = workdir / "cluster.toml"
-    conf.write_text(cluster_toml(down.port, a.spark))
+    conf.write_text(cluster_toml(down.port, a.spark, a.spark_current_state))
     t0 = time.monotonic()
     cdir = workdir / "cluster"
     for attempt in (1, 2, 3):
@@ -728,6 +729,8 @@ def main() -> int:
     ap.add_argument("--drain-timeout", type=float, default=120.0)
     ap.add_argument("--catchup-timeout", type=float, default=300.0)
     ap.add_argument("--no-spark", dest="spark", action="store_false")
+    ap.add_argument("--spark-current-state", default="delete", choices=("delete", "equality-deletes"),
+                    help="the Spark drainer's current-state (docs/spark.md)")
     ap.add_argument("--native-only", action="store_true")
     ap.add_argument("--keep-dir", action="store_true")
     ap.add_argument("--json-out", help="also write the JSON summary to this file")
