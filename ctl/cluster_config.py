@@ -405,8 +405,8 @@ class Layout:
         return self.root / "logs" / f"{name}.log"
 
 
-# `[to]` of a drainer whose spec gives none: everything under the drainer's data dir. A spark
-# drainer's warehouse holds the Iceberg tables and the embedded catalog (an SQLite file), which
+# `[to]` keys a drainer's spec does not give: everything under the drainer's data dir (so
+# `to = { current-state = "..." }` keeps the default warehouse). A spark drainer's warehouse holds the Iceberg tables and the embedded catalog (an SQLite file), which
 # its standby shares: no catalog server to run.
 DEFAULT_SINK_OPTIONS: dict[str, dict[str, Any]] = {
     "file": {"dir": "{data}/out"},
@@ -501,7 +501,7 @@ def plan(spec: ClusterSpec, layout: Layout, port: Callable[[str], int],
         addr, metrics = f"{h}:{port(d.name)}", f"{h}:{port(d.name + '-metrics')}"
         data = layout.data(d.name)
         tokens = {"dir": str(layout.root), "data": str(data), "mariadb-port": mariadb_port}
-        to = _substitute(d.to or DEFAULT_SINK_OPTIONS.get(d.sink, {}), tokens)
+        to = _substitute(_deep_merge(DEFAULT_SINK_OPTIONS.get(d.sink, {}), d.to), tokens)
         conf = _deep_merge({"cluster-id": spec.cluster_id, "name": d.name, "addr": addr,
                             "etcd": etcd_addr, "tso": tso_addrs, "metrics-addr": metrics,
                             "sink": d.sink, "to": to}, _substitute(d.config, tokens))

@@ -208,6 +208,20 @@ def test_a_spark_drainer_and_its_standby_share_one_warehouse_and_no_catalog_serv
     assert cfg.sqlite_path == str(layout.data("spark") / "warehouse" / "catalog.db")
 
 
+def test_a_partial_to_keeps_the_default_warehouse(tmp_path: Path) -> None:
+    """A drainer's `to` that gives only some of the sink's keys keeps the defaults of the
+    others (a Spark drainer choosing its current-state still gets its warehouse)."""
+    spec = cc.load_spec(None, ['drainers=[{name = "spark", sink = "spark", '
+                               'to = {current-state = "equality-deletes"}}]'])
+    ports = iter(range(31000, 32000))
+    layout = cc.Layout(tmp_path)
+    drainer = cc.plan(spec, layout, lambda _key: next(ports))[-1]
+    assert drainer.config["to"] == {"warehouse": str(layout.data("spark") / "warehouse"),
+                                    "current-state": "equality-deletes"}
+    given = cc.load_spec(None, ['drainers=[{name = "s", sink = "spark", to = {warehouse = "/w"}}]'])
+    assert cc.plan(given, layout, lambda _key: next(ports))[-1].config["to"] == {"warehouse": "/w"}
+
+
 @pytest.mark.mariadb
 def test_a_cluster_with_mariadb_and_capture_carries_a_row_to_the_file_sink(
         cluster_dir: Path, tmp_path: Path) -> None:
