@@ -191,11 +191,13 @@ def test_every_fault_in_turn_leaves_spark_and_mariadb_equal_to_the_source_exactl
         killed = time.monotonic()
         m.gone.add(active)
         wait_until(lambda: m.spark_epoch() > epoch, 60, 0.1, what=f"{other} to take over")
+        # The killed one comes back as soon as the other holds the leader key (so it can only
+        # stand by): its JVM starts while the other opens the sink, ready for step 6.
+        m.spark[active] = c.start_drainer(SPARK, sink="spark", instance=active, wait_online=False)
+        m.gone.discard(active)
         wait_until(lambda: "spark sink open" in m.spark[other].proc.log_text(), 120, 0.2,
                    what=f"{other} to open the Spark sink")
         m.notes.append(f"hot standby {other} open {time.monotonic() - killed:.0f}s after the kill")
-        m.spark[active] = c.start_drainer(SPARK, sink="spark", instance=active, wait_online=False)
-        m.gone.discard(active)
         m.wait_log(m.spark[active].proc, "standby at", standby_lines, 60)
         m.probe("3 Spark standby took over", timeout=SPARK_START_S)
         assert m.active_spark() == other

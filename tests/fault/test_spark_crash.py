@@ -1,6 +1,6 @@
 """Kill -9 the process driving the Spark sink at each step of its commit protocol; restart; compare.
 
-Issue #19 acceptance. Five sinks, one per crash point, share one Iceberg catalog (the SQLite
+Issue #19 acceptance. Six sinks, one per crash point, share one Iceberg catalog (the SQLite
 file in the module's warehouse). Each is driven by its own child process
 (tests/support/spark_sink_driver.py, its own Spark JVM) whose batches touch three tables, and
 dies in batch 2 of 3:
@@ -9,9 +9,11 @@ dies in batch 2 of 3:
 - `spark-before-marker`      every table published, the `_sluice_commits` marker not;
 - `spark-after-marker`       the marker published, the drainer-style checkpoint not saved;
 - mid-write: `spark-before-commit` sleeps, then the test sends SIGKILL while the batch's
-  Iceberg commits run.
+  Iceberg commits run;
+- `spark-after-first-table` again for a sink with `current-state = equality-deletes` (its
+  current tables take a batch's removed keys as equality-delete files, not a DELETE).
 The crash children run at the same time; then this process's own session (another JVM on the
-same catalog) restarts all five sinks from the checkpoint each persisted.
+same catalog) restarts all six sinks from the checkpoint each persisted, each in its own mode.
 
 Invariant (docs/spark.md, DESIGN §7): exactly once. After the restart every current table
 equals the model, the changelogs hold every change once — no `(_commit_ts, _seq)` twice, none
@@ -44,14 +46,19 @@ EXITS = {  # sink name -> the failpoint whose exit(137) kills its driver, in bat
     "faf": "spark-after-first-table",
     "fbm": "spark-before-marker",
     "fam": "spark-after-marker",
+    "fed": "spark-after-first-table",
 }
+# How each sink keeps its current tables (tests/support/spark_sink_driver.py --current-state);
+# the others use the default, delete.
+CURRENT_STATE = {"fed": "equality-deletes"}
 MID = "fmw"        # SIGKILLed by the test while batch 2's commits run
 MID_SLEEP_MS = 1000
 
 
 def driver(env: SparkEnv, name: str, failpoints: str, log: Path) -> subprocess.Popen[str]:
     args = [PYTHON, "-m", "tests.support.spark_sink_driver", "--warehouse", env.warehouse,
-            "--state-dir", str(env.workdir / "state"), "--name", name]
+            "--state-dir", str(env.workdir / "state"), "--name", name,
+            "--current-state", CURRENT_STATE.get(name, "delete")]
     child_env = {**os.environ, "SLUICE_FAILPOINTS": failpoints, "PYTHONPATH": str(REPO),
                  "TZ": "UTC", "SPARK_LOCAL_IP": "127.0.0.1"}
     with log.open("w") as err:
@@ -95,7 +102,8 @@ def last_marker(marks: list[tuple[int, int]]) -> tuple[int, int]:
 async def restart_all(env: SparkEnv, names: list[str]) -> dict[str, dict]:
     """drive_one for every sink at once in env's session: each sink's summary line."""
     done = await asyncio.gather(*(drive_one(env.warehouse, env.workdir / "state", n, CHUNK,
-                                            env.spark) for n in names))
+                                            env.spark, CURRENT_STATE.get(n, "delete"))
+                                  for n in names))
     return dict(zip(names, done))
 
 
@@ -103,10 +111,11 @@ async def restart_all(env: SparkEnv, names: list[str]) -> dict[str, dict]:
 def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
         spark_env: SparkEnv) -> None:
     """Exactly once: a crash at any step of the commit protocol (between tables, after the
-    first table, before or after the marker, or by SIGKILL mid-write) leaves every table at a
-    skip point its own snapshot summary names; the restart skips exactly what each table holds
-    and lands the rest, so the current tables equal the model and each changelog holds every
-    change once; the restarted sink's checkpoint is the marker table's last batch."""
+    first table, before or after the marker, or by SIGKILL mid-write; between tables with
+    equality deletes too) leaves every table at a skip point its own snapshot summary names;
+    the restart skips exactly what each table holds and lands the rest, so the current tables
+    equal the model and each changelog holds every change once; the restarted sink's
+    checkpoint is the marker table's last batch."""
     env = spark_env
     txns, wl = build()
     last_ts = txns[-1].commit_ts
@@ -186,5 +195,13 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
         "WHERE summary['sluice.batch'] = '2'" for t in wl.tables)))
     for t in wl.tables:
         assert n2[t.name] >= 1, t.name
+    # The equality-delete sink's current tables took their removed keys as equality-delete
+    # files (content 2), never as a DELETE's position deletes (content 1).
+    for eq in CURRENT_STATE:
+        deletes = {(r[0], int(r[1])): int(r[2]) for r in env.rows(" UNION ALL ".join(
+            f"SELECT '{t.name}', content, count(*) FROM {eq}_shop.{t.name}.all_delete_files "
+            "GROUP BY content" for t in wl.tables))}
+        for t in wl.tables:
+            assert deletes.get((t.name, 2), 0) >= 1 and (t.name, 1) not in deletes, (eq, deletes)
     t3 = time.monotonic()
     print(f"crash children {t1 - t0:.0f}s, restart {t2 - t1:.0f}s, checks {t3 - t2:.0f}s")

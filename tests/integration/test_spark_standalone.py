@@ -22,8 +22,8 @@ import pytest
 from sluice.drainer.sink import Checkpoint
 from tests.support.procs import free_port, port_open, wait_until
 from tests.support.rows import RandomWorkload
-from tests.support.spark import (TEST_CONF, SparkEnv, drive, expected_changes, expected_rows,
-                                 history, make_sink, run, view_rows)
+from tests.support.spark import (FAST_JVM, TEST_CONF, SparkEnv, drive, expected_changes,
+                                 expected_rows, history, make_sink, run, view_rows)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
@@ -41,9 +41,11 @@ def java(cls: str, *args: str, log: Path, home: str) -> subprocess.Popen[bytes]:
     # "Cannot find any build directories" for every executor otherwise).
     env = {**os.environ, "SPARK_HOME": home, "SPARK_SCALA_VERSION": "2.13",
            "SPARK_LOCAL_IP": "127.0.0.1", "TZ": "UTC", "PYSPARK_PYTHON": sys.executable}
+    # The master and the worker do little work: the test JVMs' flags (client compiler, serial
+    # collector) spare the 2-core machine their C2 compiler threads.
     with log.open("w") as f:
-        return subprocess.Popen(["java", "-Xmx512m", "-cp", f"{home}/jars/*", cls, *args],
-                                env=env, stdout=f, stderr=subprocess.STDOUT)
+        return subprocess.Popen(["java", "-Xmx512m", *FAST_JVM.split(), "-cp", f"{home}/jars/*",
+                                 cls, *args], env=env, stdout=f, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,11 @@ def standalone_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkEn
         cfg = SessionConfig(master=f"spark://127.0.0.1:{port}", warehouse=str(work / "warehouse"),
                             shuffle_partitions=1, log_level="ERROR",
                             spark_conf={**TEST_CONF, "spark.executor.memory": "512m",
+                                        # The executor runs a few small tasks per batch: the
+                                        # driver's flags (a spark-conf entry replaces the
+                                        # default, so it carries the time zone too).
+                                        "spark.executor.extraJavaOptions":
+                                            f"-Duser.timezone=UTC {FAST_JVM}",
                                         "spark.cores.max": "1", "spark.driver.memory": "768m"})
         spark = session(cfg)
 

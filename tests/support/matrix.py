@@ -34,7 +34,7 @@ from tests.support.capture import (PumpLog, SourceLoad, gtid_of, gtid_pos, sourc
                                    start_capture)
 from tests.support.cluster import Cluster, DrainerHandle, fresh_ts, set_args
 from tests.support.mariadb import MariaDBServer
-from tests.support.procs import Proc, port_open, sluice_argv, wait_until
+from tests.support.procs import Proc, free_port, port_open, sluice_argv, wait_until
 
 SCHEMA = "mx"
 TABLES = ("acct", "item", "log", "probe")
@@ -157,39 +157,48 @@ class Matrix:
 
     # -- start / stop ------------------------------------------------------------------------
 
-    def start_tso(self, name: str, addr: str | None = None) -> Proc:
-        """Start (or restart at its old address) TSO `name`."""
+    def start_tso(self, name: str, addr: str | None = None, wait: bool = True) -> Proc:
+        """Start (or restart at its old address) TSO `name`; wait: until it listens."""
         if addr is None:
-            proc = self.cluster.start_tso(name, lease_ttl=TSO_LEASE_S)
-            self.tsos[name] = (proc, self.cluster.tso_addrs[-1])
-            return proc
+            addr = f"127.0.0.1:{free_port()}"
+            self.cluster.tso_addrs.append(addr)
         proc = Proc(name, sluice_argv("tso", *set_args({
             "cluster-id": self.cluster.cluster_id, "name": name, "addr": addr,
             "etcd": self.cluster.etcd, "lease-ttl": TSO_LEASE_S})), self.workdir / f"{name}.log").start()
         self.cluster.procs.append(proc)
+        self.tsos[name] = (proc, addr)
+        if wait:
+            self.wait_tso(name)
+        return proc
+
+    def wait_tso(self, name: str) -> None:
+        proc, addr = self.tsos[name]
         port = int(addr.rsplit(":", 1)[1])
         wait_until(lambda: port_open(port) or not proc.alive(), 20, what=f"{name} to listen")
         assert proc.alive(), proc.log_text()[-3000:]
-        self.tsos[name] = (proc, addr)
-        return proc
 
     def start(self, pace_s: float) -> None:
+        # The Spark drainer's first session is the run's long pole (steps 1-5 run while it
+        # starts), so it starts as soon as a timestamp can be had; the TSOs start together.
         for name in TSOS:
-            self.start_tso(name)
+            self.start_tso(name, wait=False)
+        for name in TSOS:
+            self.wait_tso(name)
         for p in PUMPS:
             self.cluster.start_pump(p, wait_online=False)
-        for p in PUMPS:
-            self.cluster.wait_pump_writable(self.cluster.pumps[p])
-        # A GTID to start the capture after: everything of SCHEMA (its CREATE DATABASE too) then
-        # flows through the pipeline, so both sinks create their tables from the captured DDL.
-        self.source.execute("CREATE DATABASE IF NOT EXISTS mx_before")
-        self.gtid_before = gtid_pos(self.source)
         t0 = fresh_ts(self.cluster)
-        self.pump_log = PumpLog(self.cluster, t0)
         spark_to = {"to.batch-interval": 3.0,
                     "initial-commit-ts": t0}
         self.spark["spark-a"] = self.cluster.start_drainer(
             SPARK, sink="spark", instance="spark-a", wait_online=False, **HA, **spark_to)
+        for p in PUMPS:
+            self.cluster.wait_pump_writable(self.cluster.pumps[p])
+        # A GTID to start the capture after: everything of SCHEMA (its CREATE DATABASE too) then
+        # flows through the pipeline, so both sinks create their tables from the captured DDL.
+        # (t0 is older: the drainers and the pumps' own log start before anything captured.)
+        self.source.execute("CREATE DATABASE IF NOT EXISTS mx_before")
+        self.gtid_before = gtid_pos(self.source)
+        self.pump_log = PumpLog(self.cluster, t0)
         self.mysql = self.cluster.start_drainer(MYSQL, sink="mysql", wait_online=False, **{
             "initial-commit-ts": t0, "to.host": "127.0.0.1", "to.port": self.downstream.port,
             "to.user": self.downstream.user, "to.password": self.downstream.password,

@@ -7,6 +7,7 @@ so batch boundaries are deterministic), and exits 0 when done. Failpoints (SLUIC
 `spark-before-marker=exit(137)@2`) make it die at chosen points of the commit protocol.
 
     python -m tests.support.spark_sink_driver --warehouse W --state-dir S --name N
+        [--current-state equality-deletes]
 
 Prints one JSON line per sink: {"name", "start" (drainer checkpoint), "committed" (the sink's
 marker table on open), "open_state" (its checkpoint state on open), "skipped", "done"}.
@@ -41,14 +42,14 @@ def build(seed: int = SEED, count: int = TXNS, keys: int = KEYS,
     return wl.transactions(count, FIRST_TS), wl
 
 
-def sink_config(warehouse: str, name: str) -> SparkSinkConfig:
+def sink_config(warehouse: str, name: str, current_state: str = "delete") -> SparkSinkConfig:
     """The sink `name` with its own namespaces in the shared catalog (the same shape as
     tests/support/spark.py's SparkEnv.sink_config, so a test session reads it)."""
     return SparkSinkConfig(
         master="local[1]", warehouse=warehouse, shuffle_partitions=1, log_level="ERROR",
         meta_database=f"m_{name}", database=f"{name}_{{schema}}",
         batch_rows=1_000_000, batch_interval=3600.0, maintenance_every=0,
-        spark_conf={**TEST_CONF, "spark.driver.memory": "512m"})
+        current_state=current_state, spark_conf={**TEST_CONF, "spark.driver.memory": "512m"})
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -65,16 +66,17 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
 
 
 async def drive_one(warehouse: str, state_dir: Path, name: str, chunk: int,
-                    spark: Any = None) -> dict[str, Any]:
-    """Drive sink `name` from its saved checkpoint to the end (in `spark`, or this process's
-    own session); the JSON summary line's fields."""
+                    spark: Any = None, current_state: str = "delete") -> dict[str, Any]:
+    """Drive sink `name` (keeping its current tables by `current_state`) from its saved
+    checkpoint to the end (in `spark`, or this process's own session); the JSON summary
+    line's fields."""
     txns, _ = build()
     # The drainer records schema history before a batch reaches the sink; the whole history up
     # front is equivalent here (every version is keyed by commit_ts).
     schema = history_of(txns)
     state_path = state_dir / f"{name}.json"
     state = load_state(state_path)
-    sink = SparkSink(sink_config(warehouse, name), schema, source_name="src", epoch=EPOCH,
+    sink = SparkSink(sink_config(warehouse, name, current_state), schema, source_name="src", epoch=EPOCH,
                      spark=spark, owner="d-crash")
     await sink.open(Checkpoint(state["commit_ts"], sink_state=state.get("sink_state", {})))
     opened = sink.checkpoint()
@@ -98,7 +100,8 @@ async def main(args: argparse.Namespace) -> None:
     state_dir = Path(args.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     for name in args.name:
-        out = await drive_one(args.warehouse, state_dir, name, args.chunk)
+        out = await drive_one(args.warehouse, state_dir, name, args.chunk,
+                              current_state=args.current_state)
         print(json.dumps(out), flush=True)
 
 
@@ -110,5 +113,6 @@ if __name__ == "__main__":
     ap.add_argument("--state-dir", required=True)
     ap.add_argument("--name", action="append", required=True)
     ap.add_argument("--chunk", type=int, default=CHUNK)
+    ap.add_argument("--current-state", default="delete")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     asyncio.run(main(ap.parse_args()))
