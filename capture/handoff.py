@@ -54,18 +54,22 @@ class Handoff:
                     self._putters -= 1
             if self._closed:
                 return
-            w = self._weight(item)
-            self._items.append((item, w))
-            if w is None:
-                self._enders += 1
-            else:
-                self._bytes += w
+            self._append(item)
             waiter = self._waiter
             if waiter is None or not self._enough(*self._need):
                 return
             self._waiter, self._need = None, (0, 0)
         self.wakeups += 1
         self._loop.call_soon_threadsafe(_wake, waiter)
+
+    def _append(self, item: object) -> None:
+        """Queue item (under the lock), counting its bytes, or it as a group end."""
+        w = self._weight(item)
+        self._items.append((item, w))
+        if w is None:
+            self._enders += 1
+        else:
+            self._bytes += w
 
     def close(self) -> None:
         """Release threads blocked in `put`: the loop stopped reading."""
@@ -83,12 +87,7 @@ class Handoff:
         with self._lock:
             if len(self._items) >= self._max or self._closed:
                 return False
-            w = self._weight(item)
-            self._items.append((item, w))
-            if w is None:
-                self._enders += 1
-            else:
-                self._bytes += w
+            self._append(item)
             waiter, self._waiter, self._need = self._waiter, None, (0, 0)
         if waiter is not None:
             _wake(waiter)

@@ -33,7 +33,9 @@ pub struct KeyBuilder {
 
 type Key = Vec<u8>;
 
-fn put_str(s: &Bound<'_, PyString>, out: &mut Vec<u8>) -> PyResult<()> {
+/// A str's UTF-8 bytes; a lone surrogate (which Python text may hold) kept as `surrogatepass`
+/// writes it, so no value is refused (sqltext.rs shares it).
+pub(crate) fn put_str(s: &Bound<'_, PyString>, out: &mut Vec<u8>) -> PyResult<()> {
     match s.to_str() {
         Ok(t) => out.extend_from_slice(t.as_bytes()),
         Err(_) => {

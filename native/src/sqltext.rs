@@ -36,17 +36,6 @@ fn escape_into(s: &[u8], out: &mut Vec<u8>) {
     out.push(b'\'');
 }
 
-fn put_text(s: &Bound<'_, PyString>, out: &mut Vec<u8>) -> PyResult<()> {
-    match s.to_str() {
-        Ok(t) => out.extend_from_slice(t.as_bytes()),
-        Err(_) => {
-            let b = s.call_method1("encode", ("utf-8", "surrogatepass"))?;
-            out.extend_from_slice(b.cast::<PyBytes>()?.as_bytes());
-        }
-    }
-    Ok(())
-}
-
 fn literal_into(v: &Bound<'_, PyAny>, literal: &Bound<'_, PyAny>, out: &mut Vec<u8>) -> PyResult<()> {
     if v.is_none() {
         out.extend_from_slice(b"NULL");
@@ -83,7 +72,7 @@ fn literal_into(v: &Bound<'_, PyAny>, literal: &Bound<'_, PyAny>, out: &mut Vec<
         return Ok(());
     }
     let text = literal.call1((v,))?;
-    put_text(text.cast::<PyString>()?, out)
+    crate::causality::put_str(text.cast::<PyString>()?, out)
 }
 
 /// `(a,b),(c,d)` (parens) or `a,c` — the literals of `cols` of every row tuple, in order.
