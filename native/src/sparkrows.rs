@@ -18,6 +18,7 @@
 //! - `key_full`/`key_vis`: the identity columns' positions in a full / visible-only row, or None
 //!   to compare whole rows (a keyless table, or a key the shape does not have): an update whose
 //!   identity changed is a delete and an insert.
+//!
 //! `decode(payload, start, end, seq, snapshot_chunk, meta, out) -> (rows, changes)` appends the
 //! tuples of the mutation at `payload[start:end]` to `out`; `seq` is the transaction's change
 //! index of its first change, `meta` `(commit_ts, version, producer, pos, ts_ms)`.
@@ -107,6 +108,7 @@ impl SparkRows {
     }
 
     /// Whether an update moves its row to another identity (SchemaChanges._key_changed).
+    #[allow(clippy::too_many_arguments)] // the change's spans, as decode holds them
     fn key_changed(&self, py: Python<'_>, b: &[u8], ch_before: &[(usize, usize)], ch_after: &[(usize, usize)],
                    before: &[(usize, usize)], after: &[(usize, usize)], fb: bool, fa: bool) -> PyResult<bool> {
         let keys = if before.len() == self.total { &self.key_full } else { &self.key_vis };
