@@ -63,6 +63,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import typing
 import tempfile
 import time
 import urllib.request
@@ -161,6 +162,28 @@ runpy.run_module("sluice.ctl.main", run_name="__main__")
 """
 
 
+def _start_capture(cluster: typing.Any, producer: str, server_port: int, password: str, start: str,
+                   tree: Path | None) -> tuple[typing.Any, str]:
+    """A capture process from GTID `start` (from `tree`'s checkout when given) and its metrics
+    address."""
+    from tests.support.cluster import set_args
+    from tests.support.procs import PYTHON, Proc, free_port, sluice_argv
+    metrics = f"127.0.0.1:{free_port()}"
+    settings = {
+        "producer-id": producer, "cluster-id": cluster.cluster_id, "etcd": cluster.etcd,
+        "tso": cluster.tso_addrs, "start-position": f"gtid:{start}", "metrics-addr": metrics,
+        "source.host": "127.0.0.1", "source.port": server_port, "source.user": "root",
+        "source.password": password, "source.server-id": 9200 + int(producer.rsplit("-", 1)[1]),
+        "source.name": producer,
+    }
+    argv = sluice_argv("capture", *set_args(settings))
+    if tree is not None:
+        here = str(Path(__file__).resolve().parents[1])
+        argv = [PYTHON, "-c", _TREE_LAUNCHER, here, str(tree.resolve()), *argv[3:]]
+    proc = Proc(producer, argv, cluster.workdir / f"{producer}.log").start()
+    return proc, metrics
+
+
 def spy_table(path: Path, top: int = 14) -> str:
     """py-spy raw (collapsed) stacks -> markdown: the top frames by self and by inclusive share."""
     selfs: dict[str, int] = {}
@@ -195,21 +218,8 @@ def run_end_to_end(cluster, server_port: int, password: str, start: str, txns: i
     poll (every 20 ms) that still showed 0 transactions committed, so start-up (imports,
     recovery) is outside it, and closes when all `txns` are committed. `tree`: run the capture
     from that checkout instead of this one (the baseline of the same invocation)."""
-    from tests.support.cluster import set_args
-    from tests.support.procs import PYTHON, Proc, free_port, sluice_argv
-    metrics = f"127.0.0.1:{free_port()}"
-    settings = {
-        "producer-id": producer, "cluster-id": cluster.cluster_id, "etcd": cluster.etcd,
-        "tso": cluster.tso_addrs, "start-position": f"gtid:{start}", "metrics-addr": metrics,
-        "source.host": "127.0.0.1", "source.port": server_port, "source.user": "root",
-        "source.password": password, "source.server-id": 9200 + int(producer.rsplit("-", 1)[1]),
-        "source.name": producer,
-    }
-    argv = sluice_argv("capture", *set_args(settings))
-    if tree is not None:
-        here = str(Path(__file__).resolve().parents[1])
-        argv = [PYTHON, "-c", _TREE_LAUNCHER, here, str(tree.resolve()), *argv[3:]]
-    proc = Proc(producer, argv, cluster.workdir / f"{producer}.log").start()
+    from tests.support.procs import PYTHON, Proc
+    proc, metrics = _start_capture(cluster, producer, server_port, password, start, tree)
     spy = None
     cpu0: float | None = None
     pattern = re.compile(r"^sluice_capture_transactions_total (\S+)$", re.M)
@@ -310,26 +320,13 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
              profile: Path | None = None) -> RateRun:
     """A fresh capture at the source's current GTID, then sysbench paced at `rate` for `seconds`
     while it streams live into the pumps; totals from its streaming start to all committed."""
-    from tests.support.cluster import set_args
-    from tests.support.procs import PYTHON, Proc, free_port, sluice_argv
+    from tests.support.procs import PYTHON, Proc
     import pymysql
     with pymysql.connect(host="127.0.0.1", port=server_port, user="root", password=password) as c, \
             c.cursor() as cur:
         cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
         start = cur.fetchone()[0] or ""
-    metrics = f"127.0.0.1:{free_port()}"
-    settings = {
-        "producer-id": producer, "cluster-id": cluster.cluster_id, "etcd": cluster.etcd,
-        "tso": cluster.tso_addrs, "start-position": f"gtid:{start}", "metrics-addr": metrics,
-        "source.host": "127.0.0.1", "source.port": server_port, "source.user": "root",
-        "source.password": password, "source.server-id": 9200 + int(producer.rsplit("-", 1)[1]),
-        "source.name": producer,
-    }
-    argv = sluice_argv("capture", *set_args(settings))
-    if tree is not None:
-        here = str(Path(__file__).resolve().parents[1])
-        argv = [PYTHON, "-c", _TREE_LAUNCHER, here, str(tree.resolve()), *argv[3:]]
-    proc = Proc(producer, argv, cluster.workdir / f"{producer}.log").start()
+    proc, metrics = _start_capture(cluster, producer, server_port, password, start, tree)
     spy = None
     try:
         deadline = time.time() + 60
