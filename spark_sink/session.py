@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice.core.errors import ConfigError
+from sluice.spark_sink import sqlite_catalog
 from sluice.spark_sink.config import SessionConfig
 from sluice.core.log import kv
 
@@ -186,7 +187,7 @@ def session(cfg: SessionConfig, jvm_output: str | None = None) -> SparkSession:
         _check_same_catalog(active, cfg)
         return active
     if cfg.sqlite_path:
-        os.makedirs(os.path.dirname(cfg.sqlite_path) or ".", exist_ok=True)
+        sqlite_catalog.prepare(cfg.sqlite_path)
     conf = conf_of(cfg)
     builder = SparkSession.builder
     for k, v in conf.items():

@@ -66,13 +66,22 @@ def driver(env: SparkEnv, name: str, failpoints: str, log: Path) -> subprocess.P
                                 stderr=err, text=True)
 
 
+def failure_of(log: Path) -> str:
+    """What a driver's log says went wrong: its exception lines (a Java stack hides the message
+    far above the tail) and then its tail."""
+    text = log.read_text(errors="replace")
+    causes = [ln for ln in text.splitlines()
+              if ("Exception" in ln or "Error" in ln) and not ln.lstrip().startswith("at ")]
+    return "\n".join(causes[-15:]) + "\n--- tail ---\n" + text[-2000:]
+
+
 def finish(p: subprocess.Popen[str], log: Path, timeout: float) -> int:
     try:
         p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.kill()  # our own child, by its pid
         p.communicate()
-        raise AssertionError(f"driver did not finish in {timeout}s:\n{log.read_text()[-3000:]}") from None
+        raise AssertionError(f"driver did not finish in {timeout}s:\n{failure_of(log)}") from None
     return p.returncode
 
 
@@ -127,16 +136,17 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
     try:
         mid_log = logs / f"{MID}.log"
 
-        def mid_fired() -> bool:
-            assert procs[MID].poll() is None, mid_log.read_text()[-3000:]
-            return "failpoint spark-before-commit fired" in mid_log.read_text()
-        wait_until(mid_fired, 900, 0.05, what="the mid-write driver to start batch 2")
+        def mid_fired_or_died() -> bool:
+            return procs[MID].poll() is not None or \
+                "failpoint spark-before-commit fired" in mid_log.read_text()
+        wait_until(mid_fired_or_died, 900, 0.05, what="the mid-write driver to start batch 2")
+        assert procs[MID].poll() is None, f"the mid-write driver died:\n{failure_of(mid_log)}"
         # After the sleep, inside the batch's table commits (each takes seconds here).
         time.sleep(MID_SLEEP_MS / 1000 + random.uniform(0.3, 2.0))
         procs[MID].send_signal(signal.SIGKILL)   # our own child, by its pid
         for n, p in procs.items():
             code = finish(p, logs / f"{n}.log", 600)
-            assert code == (-signal.SIGKILL if n == MID else 137), (logs / f"{n}.log").read_text()[-3000:]
+            assert code == (-signal.SIGKILL if n == MID else 137), failure_of(logs / f"{n}.log")
             state = json.loads((env.workdir / "state" / f"{n}.json").read_text())
             # Batch 1 committed and checkpointed (the SIGKILL may come after batch 2's too).
             assert state["sink_state"]["batch"] in ((1, 2) if n == MID else (1,)), (n, state)
