@@ -13,6 +13,8 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from tests.support.procs import EtcdServer  # noqa: E402
+
+pytest_plugins = ["tests.support.suite_time"]
 from tests.support.mariadb import MariaDBServer  # noqa: E402,F401
 
 
