@@ -76,7 +76,7 @@ import psutil  # noqa: E402
 from e2e_support import (CheckpointPoller, LagSampler, LagStats, Probes, PySpy,  # noqa: E402
                          RowPoller, Sysbench, SysbenchResult, connect, cpu_percent, cpu_seconds,
                          lag_stats, metric_rates, percentile, profiles_markdown, py_spy_path, say,
-                         scrape)
+                         scrape, spark_batches)
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "sluice-root"
@@ -444,8 +444,12 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
 
         rate = max(1, round(native_tps * a.rate_fraction))
         half = Phase(f"sluice-{a.rate_fraction:.0%}", probes, sinks, pids, metrics)
+        t_half = time.time()
         out["half"] = half.run(bench, a.sluice_seconds, rate, a.drain_timeout)
         out["half"]["target_fraction"] = a.rate_fraction
+        if a.spark:
+            out["half"]["spark_batches"] = spark_batches(Layout(cdir).log(SPARK_DRAINER),
+                                                         t_half, time.time())
 
         if a.profile:
             out["profile"] = run_profile(a, bench, rate, probes, sinks, pids, metrics, workdir)
@@ -634,6 +638,13 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
         print(f"\nwhere the time goes, {ph['phase']} ({ph['tps']:,.0f} source tps):")
         for line in profile_lines(ph):
             print("- " + line)
+        sb = ph.get("spark_batches")
+        if sb and sb.get("batches"):
+            print(f"- spark batches committed in the window: {sb['batches']}, rows per batch p50 "
+                  f"{sb['rows_p50']:,.0f}; commit (changelog + current + marker) p50 "
+                  f"{sb['commit_s_p50']:.2f} s, p90 {sb['commit_s_p90']:.2f} s, max "
+                  f"{sb['commit_s_max']:.2f} s; between commit ends p50 "
+                  f"{_f(sb['between_commits_s_p50'])} s")
     if sluice and "profile" in sluice:
         pr = sluice["profile"]
         print(f"\nprofile window ({pr['tps']:,.0f} source tps): %CPU {json.dumps(pr['cpu_pct'])}; "

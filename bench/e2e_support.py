@@ -17,6 +17,7 @@ lag = seen − committed; both clocks are this process's `time.time()`.
 """
 from __future__ import annotations
 
+import calendar
 import contextlib
 import json
 import math
@@ -523,6 +524,41 @@ def metric_rates(before: dict[str, float], after: dict[str, float], seconds: flo
         elif not base.endswith("_bucket"):
             out[k] = round(v, 3)
     return out
+
+
+_BATCH_LINE = re.compile(r"^(\S+)Z .* spark batch committed (.*)$")
+_KV = re.compile(r"(\w+)=(\S+)")
+
+
+def spark_batches(log: Path, t0: float, t1: float) -> dict[str, Any] | None:
+    """What the Spark drainer's log says of the batches it committed between wall times t0
+    and t1 (its "spark batch committed" lines): how many, rows each, and how long the commit's
+    steps took. Explains the lag into Spark: a row waits for its batch to close (batch-interval)
+    and then for the commit."""
+    if not log.exists():
+        return None
+    rows: list[int] = []
+    commit_s: list[float] = []
+    ends: list[float] = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = _BATCH_LINE.match(line)
+        if not m:
+            continue
+        ts = calendar.timegm(time.strptime(m.group(1)[:19], "%Y-%m-%dT%H:%M:%S")) \
+            + float("0" + m.group(1)[19:])
+        if not t0 <= ts <= t1:
+            continue
+        f = dict(_KV.findall(m.group(2)))
+        rows.append(int(f.get("rows", 0)))
+        commit_s.append(sum(float(f.get(k, 0)) for k in ("changelog_s", "current_s", "marker_s")))
+        ends.append(ts)
+    if not rows:
+        return {"batches": 0}
+    gaps = [b - a for a, b in zip(ends, ends[1:])]
+    return {"batches": len(rows), "rows_p50": percentile(rows, 50),
+            "commit_s_p50": percentile(commit_s, 50), "commit_s_p90": percentile(commit_s, 90),
+            "commit_s_max": max(commit_s),
+            "between_commits_s_p50": percentile(gaps, 50) if gaps else None}
 
 
 def write_json(path: Path, data: Any) -> None:
