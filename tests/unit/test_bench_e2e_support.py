@@ -82,3 +82,32 @@ def test_lag_percentiles_and_missing() -> None:
     st = lag_stats(probes, "s", 100.0, 300.0)
     assert (st.p50, st.p95, st.p99) == pytest.approx((0.5, 0.95, 0.99))
     assert (st.probes, st.missing) == (101, 1)
+
+
+def test_spark_batches_read_from_the_drainers_own_log_format(tmp_path: Path) -> None:
+    """The Spark drainer's "spark batch committed" lines, written by the real log formatter,
+    give the window's batch count, rows and commit step times; lines outside the window and
+    other lines are not counted."""
+    import logging
+
+    from e2e_support import spark_batches
+    from sluice.core.log import KeyValueFormatter, kv
+    path = tmp_path / "drainer-spark.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(KeyValueFormatter())
+    lg = logging.getLogger("test.spark_batches")
+    lg.addHandler(handler)
+    lg.propagate = False
+    lg.setLevel(logging.INFO)
+    t0 = time.time()
+    for batch, (rows, secs) in enumerate([(100, (1.5, 2.0, 0.5)), (300, (1.0, 1.0, 0.5))], 1):
+        lg.info("spark batch committed", extra=kv(batch=batch, epoch=1, commit_ts=batch, rows=rows,
+                                                  tables=4, changelog_s=secs[0], current_s=secs[1],
+                                                  marker_s=secs[2]))
+    lg.info("spark sink open", extra=kv(rows=999))
+    handler.close()
+    got = spark_batches(path, t0 - 1, time.time() + 1)
+    assert got is not None
+    assert (got["batches"], got["rows_p50"], got["commit_s_max"]) == (2, 100, 4.0)
+    assert spark_batches(path, t0 + 3600, t0 + 7200) == {"batches": 0}
+    assert spark_batches(tmp_path / "absent.log", t0, t0) is None
