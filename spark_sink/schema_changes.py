@@ -48,7 +48,7 @@ def spark_rows(st: T.TableState, info: pb.TableInfo) -> SparkRows:
     """The native decoder (native/src/sparkrows.rs) of rows of shape `info` into the tuples the
     sink buffers for state `st`: types.py's column plans, the column order of the sink's tables
     (tables.row_index) and the identity columns `_key_changed` compared."""
-    plans = plan_columns(info)
+    plans = plan_columns(info, {c.name.lower(): c.stype for c in st.columns})
     cols = list(info.columns)
     visible = [j for j, c in enumerate(cols) if not c.hidden]
     index = T.row_index(st, info)

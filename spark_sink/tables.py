@@ -182,20 +182,24 @@ def plan(state: TableState | None, info: pb.TableInfo, db: str, ddl: str = "",
     table = f"{info.schema_name}.{info.table_name}"
     cols = _mapped(info, table, ddl, policy)
     name = ident(info.table_name)
-    if state is None or state.skipped:
+    if state is None:
         new = TableState(info.table_id, info.schema_name, info.table_name, db, name, info.version,
-                         tuple(Column(c.name, t, c.name) for c, t in cols), key_of_info(info),
-                         incarnation=state.incarnation + 1 if state else 1)
+                         tuple(Column(c.name, t, c.name) for c, t in cols), key_of_info(info))
         return new, [Op("create", "changelog"), Op("create", "current")]
+    # A table skipped by on-unmappable = skip-table and now taken up again starts a new
+    # incarnation as a re-created one does: its current table missed the skipped changes (a
+    # delete never applied would leave a row the source no longer has), so it restarts empty;
+    # the changelog keeps its columns and gains the new shape's.
+    restart = new_incarnation or state.dropped or state.skipped
     ops: list[Op] = []
     extra = {n.lower(): (n, t) for n, t in state.cl_extra}
     used = {n.lower() for n, _ in state.changelog_columns()}
     old = {c.name.lower(): c for c in state.columns}
-    if new_incarnation or state.dropped:
+    if restart:
         for c in state.columns:
             extra[c.cl.lower()] = (c.cl, c.stype)
         old = {}
-    renames = renamed_columns(ddl) if not new_incarnation else {}
+    renames = renamed_columns(ddl) if not restart else {}
     new_names = {c.name.lower() for c, _ in cols}
     # A rename the statement spells out keeps the column (and its field id) in both tables.
     for o, n in renames.items():
@@ -253,14 +257,14 @@ def plan(state: TableState | None, info: pb.TableInfo, db: str, ddl: str = "",
             cl = c.name
             used.add(low)
             ops.append(Op("add", "changelog", cl, t))
-        if not (new_incarnation or state.dropped):
+        if not restart:
             ops.append(Op("add", "current", c.name, t))
         out.append(Column(c.name, t, cl))
     for prev in old.values():   # dropped source columns: gone from the current table only
         extra[prev.cl.lower()] = (prev.cl, prev.stype)
-        if not (new_incarnation or state.dropped):
+        if not restart:
             ops.append(Op("drop", "current", prev.name))
-    if new_incarnation or state.dropped:
+    if restart:
         ops.insert(0, Op("drop_table", "current"))
         ops.append(Op("create", "current"))
     # Keep the changelog's column order stable: extra columns as they were, new ones after.
@@ -273,8 +277,8 @@ def plan(state: TableState | None, info: pb.TableInfo, db: str, ddl: str = "",
         version=info.version,
         columns=tuple(out), key=key_of_info(info),
         cl_extra=tuple(x for x in cl_extra if x[0].lower() not in mapped_cls),
-        incarnation=state.incarnation + (1 if new_incarnation or state.dropped else 0),
-        dropped=False)
+        incarnation=state.incarnation + (1 if restart else 0),
+        dropped=False, skipped=False)
     return new, ops
 
 

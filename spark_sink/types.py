@@ -301,6 +301,48 @@ def converter(stype: str, col: pb.ColumnInfo | None = None) -> Callable[[pb.Datu
     return _BY_TYPE[stype]
 
 
+def text_converter(col: pb.ColumnInfo) -> Callable[[pb.Datum], Any]:
+    """Datum -> text for a column the sink keeps as STRING although its source type maps to
+    another Spark type (`on-unmappable = "as-string"`): the value as MySQL prints it in its
+    source type (`CAST(col AS CHAR)`: dates `2024-01-02`, datetimes with the column's fractional
+    digits, numbers as written), except binary and spatial values, which are no text: base64
+    (as Debezium's binary.handling.mode=base64), so no byte is lost."""
+    dt = col.data_type.lower()
+    if dt in _BINARY:
+        return _text_base64
+    if dt in _DATE:
+        return _text_date
+    if dt in _TIMESTAMP or dt == "time":
+        fsp = col.scale
+
+        def text_datetime(d: pb.Datum) -> Any:
+            if d.WhichOneof("value") == "time":
+                t = time_text(d.time)
+            elif d.WhichOneof("value") == "datetime":
+                t = _datetime_text(d.datetime)
+            else:
+                return _conv_str(d)
+            return t[:len(t) - 6 + fsp] if fsp else t[:len(t) - 7]
+        return text_datetime
+    if dt == _UUID:
+        return _conv_uuid
+    if dt in _INET:
+        return _conv_inet
+    return _conv_str
+
+
+def _text_base64(d: pb.Datum) -> Any:
+    import base64
+    return base64.b64encode(_conv_bytes(d)).decode("ascii")
+
+
+def _text_date(d: pb.Datum) -> Any:
+    if d.WhichOneof("value") != "datetime":
+        return _conv_str(d)
+    v = d.datetime
+    return f"{v.year:04d}-{v.month:02d}-{v.day:02d}"
+
+
 def native_kinds(stype: str, col: pb.ColumnInfo | None = None) -> frozenset[str]:
     """Datum kinds read as they are for this column (no conversion call)."""
     dt = col.data_type.lower() if col is not None else ""
@@ -327,13 +369,18 @@ class ColumnPlan:
     native: frozenset[str] = frozenset()
 
 
-def plan_columns(info: pb.TableInfo) -> list[ColumnPlan]:
-    """One plan per visible column, in TableInfo order."""
+def plan_columns(info: pb.TableInfo, kept: dict[str, str] | None = None) -> list[ColumnPlan]:
+    """One plan per visible column, in TableInfo order. `kept`: the sink table's column types by
+    lower-case name; a column the table keeps as STRING while its source type maps to another
+    type (on-unmappable = "as-string") is written as text."""
     out = []
     for c in info.columns:
         if c.hidden:
             continue
         st = spark_type(c)
+        if kept is not None and st != "STRING" and kept.get(c.name.lower()) == "STRING":
+            out.append(ColumnPlan(c.name, "STRING", text_converter(c)))
+            continue
         out.append(ColumnPlan(c.name, st, converter(st, c), native_kinds(st, c)))
     return out
 

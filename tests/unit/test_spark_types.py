@@ -230,3 +230,26 @@ def test_unmappable_change_names_table_column_and_ddl() -> None:
         plan(sd, d2.info, "shop", "ALTER TABLE days MODIFY day INT")
     sd2, _ = plan(sd, d2.info, "shop", "ALTER TABLE days MODIFY day INT", policy="as-string")
     assert ("day", "STRING", "day") in _cols(sd2)
+
+
+def test_as_string_text_is_what_mysql_prints_and_binary_is_base64() -> None:
+    """A column kept as STRING by on-unmappable = "as-string" while its source type maps to
+    another Spark type: its new values as MySQL prints them, binary and spatial in base64."""
+    from sluice.spark_sink.types import plan_columns, text_converter
+
+    def c(name: str, data_type: str, scale: int = 0) -> pb.ColumnInfo:
+        return pb.ColumnInfo(name=name, data_type=data_type, column_type=data_type, scale=scale)
+    dt = pb.Datum(datetime=pb.DateTimeValue(year=2024, month=1, day=2, hour=3, minute=4,
+                                             second=5, microsecond=120000))
+    assert text_converter(c("t", "datetime", 3))(dt) == "2024-01-02 03:04:05.120"
+    assert text_converter(c("t", "datetime", 0))(dt) == "2024-01-02 03:04:05"
+    assert text_converter(c("t", "timestamp", 6))(dt) == "2024-01-02 03:04:05.120000"
+    assert text_converter(c("d", "date"))(pb.Datum(datetime=pb.DateTimeValue(year=0))) == "0000-00-00"
+    assert text_converter(c("b", "varbinary"))(pb.Datum(bytes=b"\x00\xff")) == "AP8="
+    assert text_converter(c("g", "point"))(pb.Datum(bytes=b"\x01")) == "AQ=="
+    assert text_converter(c("i", "int"))(pb.Datum(int=-7)) == "-7"
+    assert text_converter(c("n", "decimal"))(pb.Datum(decimal="1.50")) == "1.50"
+    info = pb.TableInfo(columns=[c("id", "int"), c("q", "varbinary"), c("r", "varbinary")])
+    plans = plan_columns(info, {"id": "INT", "q": "STRING", "r": "BINARY"})
+    assert [p.stype for p in plans] == ["INT", "STRING", "BINARY"]
+    assert plans[1].convert(pb.Datum(bytes=b"\x00\xff")) == "AP8=" and not plans[1].native
