@@ -33,6 +33,7 @@ from typing import Any
 
 from sluice.core.errors import FailedPrecondition
 from sluice.core.log import kv
+from sluice.spark_sink import positions
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class Target:
     branch: str
     props: dict[str, str]
     schema: Any       # pyarrow.Schema with field ids
+    key_cache: positions.KeyCache | None = None   # for position deletes (positions.py)
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -190,6 +192,40 @@ class Target:
                 .withPath(path).withFormat(ice.FileFormat.PARQUET).withFileSizeInBytes(size)
                 .withRecordCount(data.num_rows).withMetrics(self._metrics(path)).build())
 
+    def position_delete_file(self, rows: Any) -> Any:
+        """rows (file_path, pos; sorted) as a position-delete file."""
+        pa = _pa()
+        schema = pa.schema([_ided("file_path", pa.string(), positions.FILE_PATH_ID, True),
+                            _ided("pos", pa.int64(), positions.POS_ID, True)])
+        data = pa.Table.from_arrays([rows.column("file_path"), rows.column("pos")], schema=schema)
+        path, size = self._write(data, "deletes")
+        ice = self.jvm.org.apache.iceberg
+        # The position-delete metrics config keeps whole file_path bounds: readers match a
+        # delete file to the data files it can touch by them.
+        metrics = self.jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
+            self.ice.io().newInputFile(path), ice.MetricsConfig.forPositionDelete())
+        return (ice.FileMetadata.deleteFileBuilder(self.ice.spec()).ofPositionDeletes()
+                .withPath(path).withFormat(ice.FileFormat.PARQUET).withFileSizeInBytes(size)
+                .withRecordCount(data.num_rows).withMetrics(metrics).build())
+
+    def key_ids(self, names: list[str]) -> tuple[int, ...]:
+        by_name = {f.name.lower(): f for f in self.schema}
+        return tuple(int(by_name[n.lower()].metadata[FIELD_ID]) for n in names)
+
+    def find_positions(self, keys: Any) -> positions.Positions | None:
+        """Where the rows of these keys (an Arrow table of key columns named as the table's)
+        are on the branch; None: not exactly here (the caller deletes through Spark)."""
+        if self.key_cache is None:
+            return None
+        by_name = {f.name.lower(): f for f in self.schema}
+        fields = [by_name.get(n.lower()) for n in keys.column_names]
+        if any(f is None for f in fields):
+            return None
+        typed = conform(keys.rename_columns([f.name for f in fields]),
+                        _pa().schema(fields), self.name)
+        return positions.find(self.ice, self.branch, typed, self.key_ids(keys.column_names),
+                              self.key_cache, self.name)
+
     # -- commits -------------------------------------------------------------------------------
 
     def _commit(self, op: Any) -> None:
@@ -217,8 +253,25 @@ class Target:
             op = op.addDeletes(self.equality_delete_file(keys))
         self._commit(op)
 
+    def position_delta(self, data: Any, found: positions.Positions) -> None:
+        """ONE commit: the rows of data added, the rows at `found` deleted (position deletes
+        name older files only, so never data's rows). Validated from the snapshot the positions
+        were found at: a referenced file removed since (a rewrite) fails the commit."""
+        op = self.ice.newRowDelta()
+        if data.num_rows:
+            op = op.addRows(self.data_file(conform(data, self.schema, self.name)))
+        if found.rows.num_rows:
+            op = op.addDeletes(self.position_delete_file(found.rows))
+            if found.snapshot_id is not None:
+                op = op.validateFromSnapshot(found.snapshot_id)
+            from py4j.java_collections import ListConverter
+            op = op.validateDataFilesExist(ListConverter().convert(
+                found.files, self.gateway._gateway_client)).validateDeletedFiles()
+        self._commit(op)
 
-def target(catalog: Any, db: str, table: str, branch: str, props: dict[str, str]) -> Target | None:
+
+def target(catalog: Any, db: str, table: str, branch: str, props: dict[str, str],
+           key_cache: positions.KeyCache | None = None) -> Target | None:
     """The branch of db.table to write files to, or None when Spark must write it instead (a
     partitioned table: its files would need partition values; a type arrow_schema cannot map
     exactly)."""
@@ -234,7 +287,8 @@ def target(catalog: Any, db: str, table: str, branch: str, props: dict[str, str]
     except Unmappable as e:
         log.debug("spark sink: table written through Spark", extra=kv(table=name, reason=str(e)))
         return None
-    return Target(jvm, spark.sparkContext._gateway, ice, name, branch, dict(props), schema)
+    return Target(jvm, spark.sparkContext._gateway, ice, name, branch, dict(props), schema,
+                  key_cache)
 
 
 _SCHEMAS: dict[str, Any] = {}

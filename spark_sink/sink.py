@@ -35,6 +35,7 @@ from sluice.drainer.sink import (BackgroundSink, Capabilities, Checkpoint, SinkC
 from sluice.drainer.txn import SchemaLookup, Txn
 from sluice.spark_sink import tables as T
 from sluice.spark_sink import datafiles as D
+from sluice.spark_sink import positions as P
 from sluice.spark_sink import writer as W
 from sluice.spark_sink.catalog import Catalog, Summary
 from sluice.spark_sink.commit import Fenced, LostRace, OwnedByAnother, Publisher
@@ -108,6 +109,9 @@ class SparkSink(SchemaChanges, BackgroundSink):
         # False: every write through Spark, as before datafiles.py (the path partitioned tables
         # still take); for the tests' differential comparison only, not a config key.
         self.direct_writes = True
+        # The key columns of the current tables' data files (immutable: read once), for the
+        # position deletes of current-state = "delete" (positions.py).
+        self.key_cache = P.KeyCache()
 
     @classmethod
     def from_options(cls, options: Any, **context: Any) -> SparkSink:
@@ -454,7 +458,7 @@ class SparkSink(SchemaChanges, BackgroundSink):
         def load() -> D.Target | None:
             if not self.direct_writes:
                 return None
-            return D.target(pub.catalog, db, table, pub.branch, summary.props())
+            return D.target(pub.catalog, db, table, pub.branch, summary.props(), self.key_cache)
         return load
 
     def maintain(self) -> None:

@@ -87,11 +87,9 @@ def key_masks(st: TableState, rows: Sequence[tuple[Any, ...]]) -> tuple[list[boo
       they are never insert-first, so their keys are deleted;
     - a key of the current table that is not the source's: after ADD/CHANGE PRIMARY KEY the
       current table keeps its rows (tables.plan does not rebuild it), and they are the source's
-      rows, unique under the new key as the source enforced it; a table that diverged from
-      the source otherwise (a table skipped by on-unmappable = skip-table, then taken up again
-      by a new shape, keeps its stale current table: CREATE ... IF NOT EXISTS) would get a
-      duplicate where the DELETE of every key would have overwritten the stale row. That
-      table is wrong either way (its deletes were skipped too)."""
+      rows, unique under the new key as the source enforced it; a table skipped by
+      on-unmappable = skip-table and taken up again restarts its current table empty (a new
+      incarnation, tables.plan), so it never holds stale rows of the skipped period."""
     names = [c.name.lower() for c in st.columns]
     pos = [_META_WIDTH + names.index(k.lower()) for k in st.key]
     if any(c.stype.strip().upper() == "BINARY" for c in key_columns(st)):
@@ -249,10 +247,11 @@ class BatchFrame:
     def write_current(self, target: str, skip: int, direct: Direct | None = None) -> None:
         """The batch's rows after skip into the current table `target` (our branch).
 
-        Keyed, by delete: with equality deletes and a direct Target, ONE row-delta commit (the
-        last images and the delete file of the keys they replace); otherwise the keys that need
-        it are removed by a Spark DELETE (it scans the table), then the last images are
-        appended (a file when direct). Two commits on the sink's branch at most; the caller's
+        Keyed, by delete: with a direct Target, ONE row-delta commit (the last images and the
+        delete file of the keys they replace: equality deletes, or position deletes of the rows
+        the driver found, positions.py); otherwise (no Target, or keys pyarrow cannot compare
+        exactly) the keys that need it are removed by a Spark DELETE (it scans the table), then
+        the last images are appended (a file when direct). Two commits on the sink's branch at most; the caller's
         one fast_forward publishes them (main never points at the first), so readers of main
         see one change. MERGE and keyless tables go through Spark."""
         if not self.by_delete:
@@ -269,6 +268,15 @@ class BatchFrame:
             return
         if keys.num_rows:
             how = DELETE_KEYS
+            found = t.find_positions(keys) if t is not None else None
+            if found is not None:
+                assert t is not None
+                # The last images and the position deletes of the keys' older rows: ONE commit,
+                # no Spark job (positions.py).
+                t.position_delta(self.latest_images(skip), found)
+                self.removed = (how, keys.num_rows)
+                self.paths["current"] = "direct"
+                return
             self._delete_keys_spark(target, keys)
         self.removed = (how, keys.num_rows)
         if t is not None:
