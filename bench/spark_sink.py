@@ -21,7 +21,8 @@ runs every one of them, in a rotating order, plus the baseline): delete-all (the
 changed key: the sink before the insert-first rule), delete (the DELETE of the keys not inserted
 first: the default), equality-deletes (an equality-delete file, no scan), merge (MERGE INTO);
 each optionally as `<method>/spark`: every write through Spark jobs, as before the direct writes
-(spark_sink/datafiles.py), so old and new alternate in one invocation.
+(spark_sink/datafiles.py), or `delete/scan`: direct appends but the keys removed by a Spark
+DELETE job (before spark_sink/positions.py), so old and new alternate in one invocation.
 
 Second part (--state-rows, 0 to skip): the cost of keeping the current state. A keyed table of
 --state-rows rows receives --state-batches batches of --state-changes changes each (updates of
@@ -97,22 +98,31 @@ def load() -> str:
 # False: the path before datafiles.py, kept for partitioned tables), for an old-vs-new
 # comparison in one invocation.
 SPARK_WRITES = "/spark"
+# `delete/scan`: the direct appends, but the keys removed by a Spark DELETE job (the sink's
+# default before the driver found the positions itself, spark_sink/positions.py).
+SPARK_DELETE = "/scan"
 
 
 def methods(text: str) -> list[str]:
     out = [m.strip() for m in text.split(",") if m.strip()]
     for m in out:
-        if m.removesuffix(SPARK_WRITES) not in ALL_METHODS:
+        if m.removesuffix(SPARK_WRITES).removesuffix(SPARK_DELETE) not in ALL_METHODS:
             raise SystemExit(f"unknown method {m!r}: one of {', '.join(ALL_METHODS)}, each "
-                             f"optionally with {SPARK_WRITES}")
+                             f"optionally with {SPARK_WRITES} or {SPARK_DELETE}")
     return out
+
+
+def set_method(sink: SparkSink, how: str, cache: Any) -> None:
+    """How `sink` keeps its current tables for the next batch (a method of methods())."""
+    sink.current_by = how.removesuffix(SPARK_WRITES).removesuffix(SPARK_DELETE)
+    sink.direct_writes = not how.endswith(SPARK_WRITES)
+    sink.key_cache = None if how.endswith(SPARK_DELETE) else cache
 
 
 def run_sink(spark: Any, cfg: SparkSinkConfig, txns: list[Txn], schema: SchemaHistory,
              apply_batch: int, how: str) -> tuple[SparkSink, float]:
     sink = SparkSink(cfg, schema, "bench", 1, spark, owner="bench")
-    sink.current_by = how.removesuffix(SPARK_WRITES)
-    sink.direct_writes = not how.endswith(SPARK_WRITES)
+    set_method(sink, how, sink.key_cache)
 
     async def go() -> float:
         await sink.open(Checkpoint(0))
@@ -169,6 +179,7 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
     schema = SchemaHistory()
     cfg = config(warehouse, "st", batch_rows=10 ** 9)
     sink = SparkSink(cfg, schema, "bench", 1, spark, owner="bench")
+    cache = sink.key_cache
     ts = iter(range(T0, T0 + 10 ** 9))
     first = schema_txn(next(ts), STATE)
     schema.apply(first)
@@ -215,8 +226,7 @@ def state_bench(spark: Any, warehouse: Path, args: argparse.Namespace) -> None:
         # The two ways of keeping the current state take turns on the same table (they leave
         # the same rows), so both see the same table size and the same load.
         how = ways[b % len(ways)]
-        sink.current_by = how.removesuffix(SPARK_WRITES)
-        sink.direct_writes = not how.endswith(SPARK_WRITES)
+        set_method(sink, how, cache)
         ours[how].append(asyncio.run(land(batch)))
         loads[how].append(os.getloadavg()[0])
         rows = spark.range(k).selectExpr("id + 1000000000 AS id", "1 AS v", "'z' AS pad").toArrow()

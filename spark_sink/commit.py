@@ -16,7 +16,6 @@ from typing import Any
 
 from sluice.core.errors import FailedPrecondition, SluiceError
 from sluice.spark_sink.catalog import Catalog, Head, Summary
-from sluice.spark_sink.tables import sql_str
 from sluice.core.log import kv
 
 log = logging.getLogger(__name__)
@@ -116,17 +115,18 @@ class Publisher:
         cat = self.catalog
         th = self.heads[(db, table)]
         try:
-            # The table fully qualified: `db.table` alone names catalog `db` when the database
-            # is called like the catalog (the default meta-database "sluice").
-            rows = cat.sql(f"CALL {cat.name}.system.fast_forward({sql_str(cat.ident(db, table))}, "
-                           f"'main', {sql_str(self.branch)})").collect()
+            # What the fast_forward procedure runs, through the Iceberg API (no Spark SQL to
+            # parse and plan per table and batch): the commit re-checks, on the metadata it
+            # commits against, that main's head is an ancestor of our branch.
+            ice = cat.iceberg_table(db, table)
+            ice.manageSnapshots().fastForwardBranch("main", self.branch).commit()
         except Exception as e:
             if "not an ancestor" not in str(e):
                 raise
             self.resync(db, table, lost=True)
             raise LostRace(f"spark sink: table {db}.{table}: main moved under the sink's branch; "
                            f"skip point now {self.heads[(db, table)].commit_ts}") from None
-        th.snapshot = int(rows[0][2])
+        th.snapshot = int(ice.refs().get("main").snapshotId())
         th.commit_ts = summary.commit_ts
         th.batch = summary.batch
 
