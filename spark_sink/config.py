@@ -97,10 +97,11 @@ class SparkSinkConfig(SessionConfig):
     # default.
     write_mode: str = "merge-on-read"
     # How a keyed current table drops the rows of the keys a batch changes before the append
-    # of their last images: delete (a Spark DELETE job that scans the table; every Iceberg
-    # reader reads the result) or equality-deletes (an equality-delete file committed through
-    # the Iceberg API, no scan; pyiceberg 0.12 cannot read such a table until maintenance's
-    # rewrite folds the deletes in: docs/spark.md "Current-state methods").
+    # of their last images: delete (position deletes of their rows, found by the driver in the
+    # data files' key columns and committed with the images through the Iceberg API, no Spark
+    # job; every Iceberg reader reads the result) or equality-deletes (an equality-delete file,
+    # no lookup; pyiceberg 0.12 cannot read such a table until maintenance's rewrite folds the
+    # deletes in: docs/spark.md "Current-state methods").
     current_state: str = "delete"
     # Iceberg maintenance (rewrite data files, expire snapshots, remove orphan files) after this
     # many committed batches (0: off); snapshots younger than snapshot-retention seconds, and
