@@ -65,7 +65,7 @@ class Capture(Streaming):
         self._stop = threading.Event()
         self._stopping = False
         self._queue: Handoff | None = None
-        self._writing = False
+        self._writing = 0               # groups written and not yet committed (0, 1 or 2)
         self._committed_ts_ms = 0       # source time of the last committed transaction
         self.snapshotter: Snapshotter | None = None
         self._stop_after_snapshot = False

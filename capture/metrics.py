@@ -27,6 +27,9 @@ class CaptureMetrics:
         self.txns = m.counter("capture_transactions_total", "source transactions committed to pumps")
         self.groups = m.counter("capture_groups_total", "groups committed to pumps")
         self.rows = m.counter("capture_rows_total", "row changes committed to pumps")
+        self.overlapped = m.counter("capture_groups_overlapped_total",
+                                    "groups whose prewrites were acknowledged while the previous "
+                                    "group's commit was still in flight")
         self.reconnects = m.counter("capture_reconnects_total",
                                     "binlog connections re-opened after a loss")
         self.restarts = m.counter("capture_restarts_total",

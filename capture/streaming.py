@@ -10,11 +10,13 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sluice.capture.handoff import Handoff
 from sluice.capture.payload import change_count
 from sluice.capture.reader import BinlogReader, SourceDisconnected, SourceTxn
+from sluice.capture.writer import PrewrittenGroup
 from sluice.capture.snapshot.progress import decode
 from sluice.capture.snapshot.signals import InvalidSignal, parse_etcd_signal
 from sluice.core import errors
@@ -62,6 +64,26 @@ def progress_doc(p: pb.SnapshotProgress) -> dict[str, Any]:
             "conditions": [list(c) for c in st.conditions],
             "published_ms": int(time.time() * 1000)}
 
+
+
+async def _next(queue: Handoff, pending: list[asyncio.Task[None] | None]) -> object:
+    """The next item of the queue; while none is there, a failed commit in flight raises its
+    error at once (an idle source must not hide it until the next transaction)."""
+    while not queue.qsize():
+        p = pending[0]
+        if p is None:
+            return await queue.get()
+        if p.done():
+            pending[0] = None
+            await p     # its error, if any
+            continue
+        # fill() takes nothing from the queue: cancelling it loses no item.
+        wait = asyncio.ensure_future(queue.fill(1, 1 << 62, 3600.0))
+        await asyncio.wait({wait, p}, return_when=asyncio.FIRST_COMPLETED)
+        if not wait.done():
+            wait.cancel()
+            await asyncio.gather(wait, return_exceptions=True)
+    return queue.get_nowait()
 
 
 class Streaming:
@@ -198,19 +220,41 @@ class Streaming:
             publish.cancel()
 
     async def _groups(self, queue: Handoff) -> None:
+        """Group the source transactions and write each group. Two groups are in flight at
+        most: group k+1's prewrites go out while group k's commit is in flight (its round trip
+        through the pumps, not the CPU, bounds the rate on a busy machine); group k+1's commit
+        starts only after group k's returned (capture/writer.py: the committed set stays a
+        prefix of the source order), and a marker (a reconnect, the end) waits for both."""
+        pending: list[asyncio.Task[None] | None] = [None]   # the group whose commit is in flight
+        try:
+            await self._group_loop(queue, pending)
+        except BaseException:
+            p = pending[0]
+            if p is not None and not p.done():
+                # Let the commit in flight end as it would (a crash mid-write is decided by the
+                # next epoch anyway); its own error is logged, the first one raised.
+                await asyncio.gather(p, return_exceptions=True)
+            raise
+        await self._settle(pending[0])
+
+    async def _settle(self, pending: asyncio.Task[None] | None) -> None:
+        if pending is not None:
+            await pending
+
+    async def _group_loop(self, queue: Handoff, pending: list[asyncio.Task[None] | None]) -> None:
         c = self.config
         loop = asyncio.get_running_loop()
-        snap = self.snapshotter
-        assert snap is not None
         wait_s = c.group_max_wait_ms / 1000
         backoff = RECONNECT_BACKOFF_S[0]
-        m = self.metrics
         held: object = None      # a marker that ended the previous group, handled first
+        ts_taken: asyncio.Event | None = None   # the group in flight fetched its commit_ts
         while not self._stopping:
-            item, held = (held, None) if held is not None else (await queue.get(), None)
+            item, held = (held, None) if held is not None else (await _next(queue, pending), None)
             if item is _END or item is _STOP:
                 return
             if isinstance(item, _Disconnected):
+                await self._settle(pending[0])
+                pending[0] = None
                 backoff = await self._reconnect(item, queue, backoff)
                 continue
             if isinstance(item, BaseException):
@@ -236,23 +280,47 @@ class Streaming:
                 group.append(nxt)
                 size += nxt.size
             t0 = time.monotonic()
-            self._writing = True
+            self._writing += 1
             try:
-                await self.writer.write_group(group)
-            finally:
-                self._writing = False
+                written = await self.writer.prewrite_group(group, ts_taken)
+            except BaseException:
+                self._writing -= 1
+                raise
+            if pending[0] is not None and not pending[0].done():
+                self.metrics.overlapped.inc()
+            await self._settle(pending[0])    # group k's commit before group k+1's
+            pending[0] = None
+            ts_taken = asyncio.Event()
+            pending[0] = loop.create_task(self._commit_group(written, t0, ts_taken.set),
+                                          name="capture-group-commit")
             backoff = RECONNECT_BACKOFF_S[0]
-            self._committed_ts_ms = group[-1].ts_ms
-            progress = [t.snapshot for t in group if t.snapshot is not None]
-            if progress:
-                self._committed_progress = progress[-1]
-            for key in snap.committed(group):
-                await asyncio.to_thread(self._delete_key, key)
-            m.group_seconds.observe(time.monotonic() - t0)
-            m.groups.inc()
-            m.txns.inc(len(group))
-            m.rows.inc(sum(change_count(mu) for t in group for mu in t.mutations))
-            m.lag.set(self.lag_s())
+
+    async def _commit_group(self, written: PrewrittenGroup, t0: float,
+                            commit_ts_taken: Callable[[], None]) -> None:
+        """A prewritten group's commit, then what follows it (in group order: one at a time)."""
+        group = written.group
+        try:
+            await self.writer.commit_group(written, commit_ts_taken)
+        finally:
+            self._writing -= 1
+            # Never leave the next group's prewrite waiting on a commit that failed before its
+            # commit_ts: that group is written, then this error stops the loop (the next epoch
+            # decides both groups).
+            commit_ts_taken()
+        m = self.metrics
+        snap = self.snapshotter
+        assert snap is not None
+        self._committed_ts_ms = group[-1].ts_ms
+        progress = [t.snapshot for t in group if t.snapshot is not None]
+        if progress:
+            self._committed_progress = progress[-1]
+        for key in snap.committed(group):
+            await asyncio.to_thread(self._delete_key, key)
+        m.group_seconds.observe(time.monotonic() - t0)
+        m.groups.inc()
+        m.txns.inc(len(group))
+        m.rows.inc(sum(change_count(mu) for t in group for mu in t.mutations))
+        m.lag.set(self.lag_s())
 
     async def _publish_progress(self) -> None:
         """The last committed snapshot progress, as JSON in etcd for `sluice ctl snapshot

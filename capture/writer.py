@@ -3,7 +3,10 @@
 Invariant: the committed set is always a prefix of the source order. A group's prewrites go to
 one pump as one atomic write; its commit_ts range is fetched after that ack (and checked against
 the ack's watermark); its commits go as one atomic write; group g+1's commits are written only
-after group g's were acknowledged. A restart resumes strictly after the greatest position any
+after group g's were acknowledged. Group g+1's start_ts range is fetched after group g's
+commit_ts and its prewrites may be written while group g's commits are in flight (two groups in
+flight at most, capture/streaming.py): a crash then leaves g+1 prewritten only, which the next
+epoch finds committed on no pump and rolls back, and the recovered position is at most g's. A restart resumes strictly after the greatest position any
 pump recorded, after fencing older epochs, so no source transaction is committed twice.
 
 Recovery (`recover`): bump the producer epoch, call GetProducerPosition(producer_id, epoch) on
@@ -30,7 +33,7 @@ import grpc
 
 from sluice.capture.reader import SourceTxn
 from sluice.client import binlogs
-from sluice.client.commit import CommitCore, TxnAborted
+from sluice.client.commit import CommitCore, Prewritten, TxnAborted
 from sluice.client.pumps import PumpsClient
 from sluice.core import errors, grpcutil
 from sluice.core.position import IncomparablePositions, compare, format_position, max_position
@@ -46,6 +49,13 @@ FAILPOINT = "capture-between-prewrite-and-commit"
 
 class Fenced(errors.FailedPrecondition):
     """Another capture with this producer id took over (a newer epoch): this one must stop."""
+
+
+class PrewrittenGroup(NamedTuple):
+    """A group whose prewrites the pumps acknowledged (`written` None: nothing to write)."""
+
+    group: list[SourceTxn]
+    written: Prewritten | None
 
 
 class PumpItem(NamedTuple):
@@ -227,42 +237,71 @@ class GroupWriter:
     async def write_group(self, group: list[SourceTxn]) -> None:
         """Commit these source transactions (in source order) as one group; returns after the
         commits were acknowledged, i.e. after the pumps recorded the group's last position."""
+        await self.commit_group(await self.prewrite_group(group))
+
+    async def prewrite_group(self, group: list[SourceTxn],
+                             after: asyncio.Event | None = None) -> PrewrittenGroup:
+        """The first half of write_group: the group's prewrites, acknowledged. `after`: the
+        previous group's commit_ts was fetched (set by its commit_group), so every start_ts of
+        this group is above it and the pumps serve the previous group's commits without
+        waiting for this one. May run while the previous group's commit_group is in flight;
+        its commit_group must not start before that one returned (the invariant above)."""
         items = pump_txns(group, self.source_name, self.generation)
-        if items:
-            await self.write_items(items)
+        written = await self.prewrite_items(items, after) if items else None
+        return PrewrittenGroup(group, written)
+
+    async def commit_group(self, p: PrewrittenGroup,
+                           commit_ts_taken: Callable[[], None] | None = None) -> None:
+        """The second half of write_group: commit_ts, the watermark check and the commits."""
+        if p.written is not None:
+            await self.commit_prewritten(p.written, commit_ts_taken)
+        elif commit_ts_taken is not None:
+            commit_ts_taken()
         self.groups += 1
-        self.txns += len(group)
+        self.txns += len(p.group)
 
     async def write_items(self, items: list[PumpItem]) -> None:
         """One group of pump transactions, in the given (source) order, to one pump, through the
         commit protocol (client/commit.py) with the pumps as the truth: the acknowledged Commit
         write is the point of no return. Snapshot progress goes on the COMMIT (the binlog the
         pump records producer positions from) and, for readers of prewrites, on the PREWRITE."""
+        await self.commit_prewritten(await self.prewrite_items(items))
+
+    async def prewrite_items(self, items: list[PumpItem],
+                             after: asyncio.Event | None = None) -> Prewritten:
         n = len(items)
+        if after is not None:
+            await after.wait()
         first_start, _ = await self.tso.get_ts_range(n)
         now_ms = int(time.time() * 1000)
         ident = self._identity
         if ident is None or ident[0] != self.epoch:
             ident = self._identity = (self.epoch, binlogs.identity(self.producer_id, self.epoch))
         prewrites = group_prewrites(items, ident[1], first_start, now_ms)
-        starts = [b.start_ts for b in prewrites]
         # In-flight start_ts stay UNKNOWN to TxnStatus unless this group provably ended here
         # (committed, or rolled back before the point of no return). On any other failure the
         # process restarts and a new epoch decides them from the pumps.
-        self.inflight.update(starts)
+        self.inflight.update(b.start_ts for b in prewrites)
+        return await self._core_now().write_prewrites(prewrites, _GroupSteps(self))
+
+    async def commit_prewritten(self, written: Prewritten,
+                                commit_ts_taken: Callable[[], None] | None = None) -> None:
+        try:
+            await self._core_now().finish(written, _GroupSteps(self), commit_ts_taken)
+        except TxnAborted:
+            self.inflight.difference_update(written.starts)   # rolled back: the pumps hold a Rollback
+            raise
+        self.inflight.difference_update(written.starts)
+        if self.after_first_commit is not None:
+            done, self.after_first_commit = self.after_first_commit, None
+            await asyncio.to_thread(done)
+
+    def _core_now(self) -> CommitCore:
         core = self._core
         if core is None or core.pumps is not self.pumps or core.tso is not self.tso:
             core = self._core = CommitCore(self.pumps, self.tso, self.producer_id,
                                            lambda: self.epoch)
-        try:
-            await core.commit(prewrites, _GroupSteps(self))
-        except TxnAborted:
-            self.inflight.difference_update(starts)   # rolled back: the pumps hold a Rollback
-            raise
-        self.inflight.difference_update(starts)
-        if self.after_first_commit is not None:
-            done, self.after_first_commit = self.after_first_commit, None
-            await asyncio.to_thread(done)
+        return core
 
     async def _raise_if_fenced(self, cause: errors.SluiceError) -> None:
         try:
@@ -282,6 +321,8 @@ class _GroupSteps:
     back; any other failure leaves the group in flight for the next epoch to decide."""
 
     after_prewrite_failpoint = FAILPOINT
+    # After commit_ts, before the Commit write (the next group's prewrites may be in flight).
+    before_commit_failpoint = "capture-before-commit-write"
     rollback_on = (TxnAborted,)
     pumps_decide = True
 

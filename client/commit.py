@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from sluice.core import errors, failpoint
 from sluice.core.log import kv
@@ -129,6 +129,14 @@ async def fires(name: str) -> bool:
     return False
 
 
+class Prewritten(NamedTuple):
+    """Prewrites the pumps acknowledged, waiting for `CommitCore.finish`."""
+
+    prewrites: list[Encoded]
+    starts: list[int]
+    ack: PrewriteAck
+
+
 class CommitCore:
     """Runs the commit protocol for one producer identity (`producer_id`, current `epoch`)."""
 
@@ -151,17 +159,31 @@ class CommitCore:
         """Commit these prewrites (one pump transaction each, commit_ts consecutive, in order);
         returns the first commit_ts. Raises TxnAborted when rolled back, TxnUnknown when the
         outbox could not decide an ambiguous point of no return."""
-        prewrites = [encode(b) for b in prewrites]
-        starts = [b.start_ts for b in prewrites]
+        return await self.finish(await self.write_prewrites(prewrites, steps), steps)
+
+    async def write_prewrites(self, prewrites: Sequence[pb.Binlog | Encoded],
+                              steps: CommitSteps) -> Prewritten:
+        """The first half of `commit`: the prewrites, acknowledged (a caller may run it while
+        an earlier transaction's `finish` is in flight: the capture's groups)."""
+        encoded = [encode(b) for b in prewrites]
         try:
-            ack = await self.pumps.write_prewrites(prewrites)
+            ack = await self.pumps.write_prewrites(encoded)
         except BaseException as e:
             await steps.prewrite_failed(e)
             raise
+        return Prewritten(encoded, [b.start_ts for b in encoded], ack)
+
+    async def finish(self, written: Prewritten, steps: CommitSteps,
+                     commit_ts_taken: Callable[[], None] | None = None) -> int:
+        """The second half of `commit`: commit_ts (fetched now, after the prewrite ack; then
+        `commit_ts_taken()`), the watermark check and the point of no return."""
+        prewrites, starts, ack = written
         try:
             await failpoint.ainject(steps.after_prewrite_failpoint)
             n = len(prewrites)
             commit_ts = await self.tso.get_ts() if n == 1 else (await self.tso.get_ts_range(n))[0]
+            if commit_ts_taken is not None:
+                commit_ts_taken()
             watermark = ack.watermark
             if await fires("txn-watermark-above-commit"):
                 watermark = commit_ts   # test wiring: a pump acked a watermark >= our commit_ts
@@ -192,6 +214,9 @@ class CommitCore:
         # Each COMMIT repeats its prewrite's producer, epoch, position, snapshot and ts_ms.
         commits = [commit_of(p, commit_ts + i) for i, p in enumerate(prewrites)]
         try:
+            before = getattr(steps, "before_commit_failpoint", "")
+            if before:
+                await failpoint.ainject(before)
             await self.pumps.write_commits(commits, ack)
         except BaseException as e:
             await steps.commit_failed(e)

@@ -29,6 +29,7 @@ from tests.support.procs import wait_until
 pytestmark = pytest.mark.timeout(120)
 
 FAILPOINT = "capture-between-prewrite-and-commit"
+BEFORE_COMMIT_WRITE = "capture-before-commit-write"
 LOAD_TXNS = 20_000   # source transactions committed while the capture is killed again and again
 
 
@@ -99,13 +100,16 @@ def test_capture_killed_repeatedly_commits_every_source_transaction_once(
             if i >= 8 and i % 2 == 0 and len(gtid_range(before, gtid_pos(db))) >= LOAD_TXNS:
                 break
             at_failpoint = i % 2 == 1
-            env = {"SLUICE_FAILPOINTS": f"{FAILPOINT}=exit(137)@{rng.randint(2, 6)}"} if at_failpoint else None
+            # Alternately before commit_ts and just before the Commit write (the next group's
+            # prewrites may then be in flight: two groups at once).
+            fp = FAILPOINT if (i // 2) % 2 == 0 else BEFORE_COMMIT_WRITE
+            env = {"SLUICE_FAILPOINTS": f"{fp}=exit(137)@{rng.randint(2, 6)}"} if at_failpoint else None
             cap = start_capture(cluster, db, "cap-crash", name=f"cap-crash-{i}", env=env,
                                 **{"start-position": f"gtid:{before}"})
             if at_failpoint:
                 wait_until(lambda: not cap.alive(), 30, 0.05, what="the capture to exit at the failpoint")
                 assert cap.popen.returncode == 137, cap.log_text()[-3000:]  # type: ignore[union-attr]
-                assert f"failpoint {FAILPOINT} fired" in cap.log_text()
+                assert f"failpoint {fp} fired" in cap.log_text()
                 exits["failpoint"] += 1
             else:
                 wait_streaming(cap)
