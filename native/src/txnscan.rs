@@ -26,7 +26,9 @@ use std::collections::HashMap;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use crate::{le, packed_int, RowDecoder};
+use crate::endian::le;
+use crate::events::packed_int;
+use crate::rowdecoder::RowDecoder;
 
 const TABLE_MAP_EVENT: u8 = 19;
 const XID_EVENT: u8 = 16;

@@ -1,4 +1,4 @@
-//! Protocol-buffer wire reading shared by the Prewrite decode (prewrite.rs) and the transaction
+//! Protocol-buffer wire reading (`Rd`) shared by the Prewrite decode (prewrite.rs) and the transaction
 //! join (txnjoin.rs): bounds-checked, every error names the byte it happened at, and groups are
 //! nested at most 100 deep so hostile bytes cannot exhaust the stack.
 
@@ -116,5 +116,47 @@ impl<'a> Rd<'a> {
             }
             _ => Err(format!("wire type {wire} of field {field} at byte {}", self.p)),
         }
+    }
+}
+
+// writing: the protobuf bytes the row decoder (rowdecoder.rs) builds
+// ------------------------------------------------------------------------------------------------
+
+#[inline]
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+#[inline]
+pub(crate) fn put_tag(out: &mut Vec<u8>, field: u32, wire: u32) {
+    put_varint(out, ((field << 3) | wire) as u64);
+}
+
+#[inline]
+pub(crate) fn put_len_field(out: &mut Vec<u8>, field: u32, data: &[u8]) {
+    put_tag(out, field, 2);
+    put_varint(out, data.len() as u64);
+    out.extend_from_slice(data);
+}
+
+/// A proto3 scalar inside DateTimeValue / TimeValue: zero is the default and is not written.
+#[inline]
+pub(crate) fn put_u32_field(out: &mut Vec<u8>, field: u32, v: u64) {
+    if v != 0 {
+        put_tag(out, field, 0);
+        put_varint(out, v);
+    }
+}
+
+/// int32 (year): negative values are sign-extended to 10 bytes, as protobuf does.
+#[inline]
+pub(crate) fn put_i32_field(out: &mut Vec<u8>, field: u32, v: i64) {
+    if v != 0 {
+        put_tag(out, field, 0);
+        put_varint(out, (v as i32) as i64 as u64);
     }
 }
