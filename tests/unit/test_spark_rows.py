@@ -315,7 +315,9 @@ def test_random_datums_in_random_columns_buffer_as_the_python_path_did(changes: 
         before = pb.Row(columns=cols)
         after = pb.Row(columns=cols)
         if same == 1:       # the key (id) changes, or (keyless) any column
-            after.columns[0].CopyFrom(pb.Datum(int=before.columns[0].int + 1))
+            k = before.columns[0].int
+            # another int64 (the largest one has no successor)
+            after.columns[0].CopyFrom(pb.Datum(int=k + 1 if k < (1 << 63) - 1 else k - 1))
         elif same == 2:     # another column changes
             after.columns[3].CopyFrom(pb.Datum(str="other"))
         ch = pb.RowChange(tp=tp)
