@@ -12,6 +12,7 @@ import pytest
 
 from sluice.drainer.sink import Checkpoint
 from sluice.drainer.txn import SchemaHistory
+from sluice.spark_sink.positions import live_files, local_path
 from sluice.spark_sink.tables import sql_str
 from tests.support.rows import RandomWorkload, Table, col, ddl_txn, prewrite_value, schema_txn, txn
 from tests.support.spark import (SparkEnv, drive, expected_rows, make_sink, norm,  # noqa: F401
@@ -146,6 +147,14 @@ def test_a_rewrite_of_main_under_the_positions_is_refused_and_the_batch_redone(
     lost = [r for r in caplog.records if "lost a race" in r.getMessage()]
     assert lost, "the fast-forward over the rewrite was not refused"
     assert sink.key_cache.reads > reads     # the rewritten files' keys were read
+    cached = {k[0] for k in sink.key_cache._items}
+    for t in w.tables:   # files the rewrite removed left the cache
+        ice = cat.iceberg_table("rw_rw", t.name)
+        live = {local_path(f) for f in live_files(ice, sink.publisher.branch)[0]}
+        root = local_path(str(ice.location()))
+        assert root is not None
+        mine = {p for p in cached if p.startswith(root.rstrip("/") + "/")}
+        assert mine and mine <= live, (t.name, mine - live)
     for t in w.tables:
         want = expected_rows(w, t)
         assert view_rows(env, f"rw_rw.{t.name}", t) == want, t.name
