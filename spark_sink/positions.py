@@ -70,6 +70,13 @@ class KeyCache:
                 self.hits += 1
             return t
 
+    def retain(self, prefix: str, live: set[str]) -> None:
+        """Drop the files under prefix (one table's data) that are not in live: a rewrite or
+        expiry removed them, and they are never read again (paths are never reused)."""
+        with self._lock:
+            for key in [k for k in self._items if k[0].startswith(prefix) and k[0] not in live]:
+                self._bytes -= self._items.pop(key).nbytes
+
     def put(self, path: str, ids: tuple[int, ...], table: Any) -> None:
         with self._lock:
             self.reads += 1
@@ -160,6 +167,9 @@ def find(ice: Any, branch: str, keys: Any, ids: tuple[int, ...], cache: KeyCache
         log.debug("spark sink: data files outside the local filesystem; DELETE through Spark",
                   extra=kv(table=table))
         return None
+    root = local_path(str(ice.location()))
+    if root is not None:
+        cache.retain(root.rstrip("/") + "/", {p for p in local if p is not None})
     want = pa.Table.from_arrays([keys.column(j).combine_chunks() for j in range(len(ids))],
                                 names=[f"k{j}" for j in range(len(ids))])
     paths: list[str] = []

@@ -12,6 +12,8 @@ import pytest
 
 from sluice.drainer.sink import Checkpoint
 from sluice.drainer.txn import SchemaHistory
+from sluice.spark_sink.positions import live_files, local_path
+from sluice.spark_sink.tables import sql_str
 from tests.support.rows import RandomWorkload, Table, col, ddl_txn, prewrite_value, schema_txn, txn
 from tests.support.spark import (SparkEnv, drive, expected_rows, make_sink, norm,  # noqa: F401
                                  pyiceberg_catalog, run, spark_env, view_rows)
@@ -112,4 +114,50 @@ def test_typed_composite_keys_and_a_renamed_key_column(spark_env: SparkEnv) -> N
                           ("eu", D("1.00"), at[0], 100)])
     assert "delete" not in operations(env, "tk_typ.orders")
     assert sink.paths[("tk_typ", "orders")] == "direct"
+    run(sink.close())
+
+
+def test_a_rewrite_of_main_under_the_positions_is_refused_and_the_batch_redone(
+        spark_env: SparkEnv, caplog: pytest.LogCaptureFixture) -> None:
+    """Another writer rewrites every data file of main (rewrite_data_files, as maintenance in
+    another process would) after the sink found its positions in the old files' history: the
+    row delta lands on the sink's branch but main cannot be fast-forwarded to it (the rewrite is
+    not its ancestor), the branch goes back to main's new head and the batch's positions are
+    found again in the rewritten files (read anew); the tables equal the model, with position
+    deletes and no Spark DELETE."""
+    env = spark_env
+    w = RandomWorkload(seed=71, schema="rw", keys=20, max_rows=3, keyless=False)
+    txns = w.transactions(80, T0)
+    schema = SchemaHistory()
+    sink = make_sink(env, "rw", schema, batch_rows=40)
+    run(sink.open(Checkpoint(0)))
+    half = len(txns) // 2
+    run(drive(sink, txns[:half], schema))
+    run(sink.flush())
+    reads = sink.key_cache.reads
+    cat = sink.catalog
+    for t in w.tables:
+        name = sql_str(cat.ident("rw_rw", t.name))
+        env.rows(f"CALL {cat.name}.system.rewrite_data_files(table => {name}, "
+                 "options => map('min-input-files', '1', 'rewrite-all', 'true'))")
+        assert "replace" in operations(env, f"rw_rw.{t.name}"), t.name
+    with caplog.at_level("WARNING", logger="sluice.spark_sink.commit"):
+        run(drive(sink, txns[half:], schema))
+        run(sink.flush())
+    lost = [r for r in caplog.records if "lost a race" in r.getMessage()]
+    assert lost, "the fast-forward over the rewrite was not refused"
+    assert sink.key_cache.reads > reads     # the rewritten files' keys were read
+    cached = {k[0] for k in sink.key_cache._items}
+    for t in w.tables:   # files the rewrite removed left the cache
+        ice = cat.iceberg_table("rw_rw", t.name)
+        live = {local_path(f) for f in live_files(ice, sink.publisher.branch)[0]}
+        root = local_path(str(ice.location()))
+        assert root is not None
+        mine = {p for p in cached if p.startswith(root.rstrip("/") + "/")}
+        assert mine and mine <= live, (t.name, mine - live)
+    for t in w.tables:
+        want = expected_rows(w, t)
+        assert view_rows(env, f"rw_rw.{t.name}", t) == want, t.name
+        assert "delete" not in operations(env, f"rw_rw.{t.name}"), t.name
+        assert sink.paths[("rw_rw", t.name)] == "direct", t.name
     run(sink.close())
