@@ -66,10 +66,15 @@ def progress_doc(p: pb.SnapshotProgress) -> dict[str, Any]:
 
 
 
-async def _next(queue: Handoff, pending: list[asyncio.Task[None] | None]) -> object:
-    """The next item of the queue; while none is there, a failed commit in flight raises its
-    error at once (an idle source must not hide it until the next transaction)."""
-    while not queue.qsize():
+async def _next(queue: Handoff, pending: list[asyncio.Task[None] | None], full_items: int,
+                full_bytes: int) -> object:
+    """The first item of the next group. While a group's commit is in flight, the next group
+    starts only when a whole group (`full_items` or `full_bytes`) or a marker is waiting: the
+    source is ahead, and overlapping the round trips is what keeps up with it. Otherwise the
+    commit ends first and the group takes what arrived meanwhile, so at a rate the capture keeps
+    up with groups stay as large (and as few) as without the overlap. A failed commit raises
+    its error at once, even when the source is idle."""
+    while True:
         p = pending[0]
         if p is None:
             return await queue.get()
@@ -78,12 +83,15 @@ async def _next(queue: Handoff, pending: list[asyncio.Task[None] | None]) -> obj
             await p     # its error, if any
             continue
         # fill() takes nothing from the queue: cancelling it loses no item.
-        wait = asyncio.ensure_future(queue.fill(1, 1 << 62, 3600.0))
+        wait = asyncio.ensure_future(queue.fill(full_items, full_bytes, 3600.0))
         await asyncio.wait({wait, p}, return_when=asyncio.FIRST_COMPLETED)
-        if not wait.done():
+        if wait.done():
+            await wait
+            if queue.qsize():
+                return queue.get_nowait()
+        else:
             wait.cancel()
             await asyncio.gather(wait, return_exceptions=True)
-    return queue.get_nowait()
 
 
 class Streaming:
@@ -221,10 +229,11 @@ class Streaming:
 
     async def _groups(self, queue: Handoff) -> None:
         """Group the source transactions and write each group. Two groups are in flight at
-        most: group k+1's prewrites go out while group k's commit is in flight (its round trip
-        through the pumps, not the CPU, bounds the rate on a busy machine); group k+1's commit
-        starts only after group k's returned (capture/writer.py: the committed set stays a
-        prefix of the source order), and a marker (a reconnect, the end) waits for both."""
+        most: when a whole group is waiting (the source is ahead), group k+1's prewrites go out
+        while group k's commit is in flight (its round trip through the pumps, not the CPU,
+        bounds the rate on a busy machine); group k+1's commit starts only after group k's
+        returned (capture/writer.py: the committed set stays a prefix of the source order),
+        and a marker (a reconnect, the end) waits for both."""
         pending: list[asyncio.Task[None] | None] = [None]   # the group whose commit is in flight
         try:
             await self._group_loop(queue, pending)
@@ -249,7 +258,8 @@ class Streaming:
         held: object = None      # a marker that ended the previous group, handled first
         ts_taken: asyncio.Event | None = None   # the group in flight fetched its commit_ts
         while not self._stopping:
-            item, held = (held, None) if held is not None else (await _next(queue, pending), None)
+            item, held = (held, None) if held is not None else (
+                await _next(queue, pending, c.group_max_txns, c.group_max_bytes), None)
             if item is _END or item is _STOP:
                 return
             if isinstance(item, _Disconnected):

@@ -426,16 +426,17 @@ def test_restart_behind_a_ddl_decodes_rows_on_both_sides_of_it(
 def test_the_next_group_is_prewritten_while_the_previous_commit_is_in_flight(
         cluster: Cluster, mariadb_module: MariaDBServer, pump_log: PumpLog) -> None:
     """Two groups in flight (capture/streaming.py): with every Commit write held 300 ms
-    (failpoint capture-before-commit-write), later groups' prewrites are acknowledged meanwhile
-    (sluice_capture_groups_overlapped_total), and every source transaction still reaches the
-    pumps exactly once, in source order (group k+1's commits wait for group k's)."""
+    (failpoint capture-before-commit-write) and groups of 10, whole groups pile up behind the
+    commit and their prewrites are acknowledged meanwhile (sluice_capture_groups_overlapped_total),
+    and every source transaction still reaches the pumps exactly once, in source order (group
+    k+1's commits wait for group k's)."""
     db = mariadb_module
     load = SourceLoad(db, "ovl", seed=21)
     load.create()
     before = gtid_pos(db)
     cap = start_capture(cluster, db, "cap-ovl",
                         env={"SLUICE_FAILPOINTS": "capture-before-commit-write=sleep(300)"},
-                        **{"start-position": f"gtid:{before}"})
+                        **{"start-position": f"gtid:{before}", "group-max-txns": 10})
     wait_streaming(cap)
     load.run(400)
     want = gtid_range(before, gtid_pos(db))
