@@ -157,9 +157,12 @@ class Target:
             out.close()
         return path, len(body)
 
-    def _metrics(self, path: str) -> Any:
-        return self.jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
-            self.ice.io().newInputFile(path), self.jvm.org.apache.iceberg.MetricsConfig.forTable(self.ice))
+    def _metrics(self, path: str, config: Any = None) -> Any:
+        """Iceberg's metrics of the written file under `config` (default: the table's)."""
+        ice = self.jvm.org.apache.iceberg
+        return ice.parquet.ParquetUtil.fileMetrics(
+            self.ice.io().newInputFile(path),
+            config if config is not None else ice.MetricsConfig.forTable(self.ice))
 
     def data_file(self, data: Any) -> Any:
         """data (already in self.schema) as a parquet data file of the table."""
@@ -202,15 +205,10 @@ class Target:
         ice = self.jvm.org.apache.iceberg
         # The position-delete metrics config keeps whole file_path bounds: readers match a
         # delete file to the data files it can touch by them.
-        metrics = self.jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
-            self.ice.io().newInputFile(path), ice.MetricsConfig.forPositionDelete())
+        metrics = self._metrics(path, ice.MetricsConfig.forPositionDelete())
         return (ice.FileMetadata.deleteFileBuilder(self.ice.spec()).ofPositionDeletes()
                 .withPath(path).withFormat(ice.FileFormat.PARQUET).withFileSizeInBytes(size)
                 .withRecordCount(data.num_rows).withMetrics(metrics).build())
-
-    def key_ids(self, names: list[str]) -> tuple[int, ...]:
-        by_name = {f.name.lower(): f for f in self.schema}
-        return tuple(int(by_name[n.lower()].metadata[FIELD_ID]) for n in names)
 
     def find_positions(self, keys: Any) -> positions.Positions | None:
         """Where the rows of these keys (an Arrow table of key columns named as the table's)
@@ -223,8 +221,8 @@ class Target:
             return None
         typed = conform(keys.rename_columns([f.name for f in fields]),
                         _pa().schema(fields), self.name)
-        return positions.find(self.ice, self.branch, typed, self.key_ids(keys.column_names),
-                              self.key_cache, self.name)
+        ids = tuple(int(f.metadata[FIELD_ID]) for f in fields)
+        return positions.find(self.ice, self.branch, typed, ids, self.key_cache, self.name)
 
     # -- commits -------------------------------------------------------------------------------
 

@@ -251,8 +251,8 @@ class BatchFrame:
         delete file of the keys they replace: equality deletes, or position deletes of the rows
         the driver found, positions.py); otherwise (no Target, or keys pyarrow cannot compare
         exactly) the keys that need it are removed by a Spark DELETE (it scans the table), then
-        the last images are appended (a file when direct). Two commits on the sink's branch at most; the caller's
-        one fast_forward publishes them (main never points at the first), so readers of main
+        the last images are appended (a file when direct). Two commits on the sink's branch at
+        most; the caller's one fast_forward publishes them (main never points at the first), so readers of main
         see one change. MERGE and keyless tables go through Spark."""
         if not self.by_delete:
             self.paths["current"] = "spark"
