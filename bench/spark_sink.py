@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("TZ", "UTC")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+from sluice.drainer.main import tune_gc  # noqa: E402
 from sluice.drainer.sink import Checkpoint  # noqa: E402
 from sluice.drainer.txn import SchemaHistory, Txn  # noqa: E402
 from sluice.spark_sink.config import SparkSinkConfig  # noqa: E402
@@ -278,6 +279,7 @@ def main() -> None:
     warehouse = work / "warehouse"
     cfg = config(warehouse, "warm", args.batch_rows)
     spark = session(cfg)
+    tune_gc()   # the drainer process's GC setting (drainer/main.py), under which the sink runs
     try:
         log("warm-up")
         txns, wl, schema = workload(3000, 1)

@@ -41,7 +41,7 @@ TABLES_PROPERTY = "sluice.tables"
 _DATUM_FIELDS = {f.name: f.number for f in pb.Datum.DESCRIPTOR.fields}
 # Converters (spark_sink/types.py) whose main kind the native decoder reads the same way.
 _MODES = {converter("TIMESTAMP"): 1, converter("DATE"): 2, converter("DECIMAL(10,0)"): 3,
-          converter("BINARY"): 4}
+          converter("BINARY"): 4, converter("STRING"): 5}
 
 
 def spark_rows(st: T.TableState, info: pb.TableInfo) -> SparkRows:

@@ -91,6 +91,8 @@ class SparkSink(SchemaChanges, BackgroundSink):
         self._buf = _Buffer()
         self._failed: BaseException | None = None
         self._pending: concurrent.futures.Future[None] | None = None
+        self._commit_wanted = False   # commit_soon came while a commit was in flight
+        self._settling = 0            # coroutines awaiting the commit in flight
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._wpool: concurrent.futures.ThreadPoolExecutor | None = None
         self._successes: asyncio.Queue[SinkCheckpoint] = asyncio.Queue()
@@ -252,8 +254,7 @@ class SparkSink(SchemaChanges, BackgroundSink):
             self.timings["decode_s"] = self.timings.get("decode_s", 0.0) + time.perf_counter() - t
             if self._buf.count >= self.cfg.batch_rows or (
                     self._buf.count and time.monotonic() - self._buf.first_mono >= self.cfg.batch_interval):
-                await self._settle()
-                self._start_commit()
+                await self._next_commit()
 
     async def flush(self) -> None:
         await self._settle()
@@ -261,10 +262,14 @@ class SparkSink(SchemaChanges, BackgroundSink):
         await self._commit_all()
 
     async def commit_soon(self) -> None:
-        """Start committing what is buffered, unless a commit is still in flight; never waits
-        for one (a finished one is settled first: its error is raised here)."""
+        """Start committing what is buffered; never waits for a commit in flight: then the
+        next one starts when it ends (a finished one is settled first: its error is raised
+        here)."""
         if self._pending is not None:
             if not self._pending.done():
+                # Why not wait for the next call: under load a commit outlasts the checkpoint
+                # interval, and rows buffered meanwhile would wait up to another interval.
+                self._commit_wanted = True
                 return
             await self._settle()
         self._check_usable()
@@ -272,47 +277,73 @@ class SparkSink(SchemaChanges, BackgroundSink):
 
     @property
     def idle(self) -> bool:
-        """Nothing applied is uncommitted: no buffered rows, no commit in flight."""
-        return self._pending is None and not self._buf.count
+        """Nothing applied is uncommitted: no buffered rows, no commit in flight or unsettled
+        but failed."""
+        fut = self._pending
+        return not self._buf.count and (fut is None or fut.done() and not fut.cancelled()
+                                        and fut.exception() is None)
 
     def successes(self) -> asyncio.Queue[SinkCheckpoint]:
         """What is durable each time a background commit ends (success or failure)."""
         return self._successes
 
     async def _commit_all(self) -> None:
+        await self._next_commit()
         await self._settle()
+
+    async def _next_commit(self) -> None:
+        """Start a commit of what is buffered once none is in flight (the one a finished
+        commit started by itself, for commit_soon, is waited for too)."""
+        while self._pending is not None:
+            await self._settle()
+        self._check_usable()
         self._start_commit()
-        await self._settle()
 
     def _start_commit(self) -> None:
         assert self._pending is None
+        self._commit_wanted = False
         buf, self._buf = self._buf, _Buffer()
         if not buf.count:
             return
         states = dict(self._states)
-        self._pending = self._thread().submit(self._commit_sync, buf, states)
+        fut = self._pending = self._thread().submit(self._commit_sync, buf, states)
         loop, put = asyncio.get_running_loop(), self._successes.put_nowait
+
+        def ended() -> None:
+            put(self.checkpoint())
+            # commit_soon came while this commit ran: start the next one now, unless someone
+            # else already settles this one (apply, flush: they start their own) or it failed
+            # (the next apply, flush or commit_soon raises its error).
+            if (self._commit_wanted and self._pending is fut and not self._settling
+                    and not fut.cancelled() and fut.exception() is None and self._failed is None):
+                self._pending = None
+                self._start_commit()
 
         def report(_f: concurrent.futures.Future[None]) -> None:
             try:
-                loop.call_soon_threadsafe(put, self.checkpoint())
+                loop.call_soon_threadsafe(ended)
             except RuntimeError:   # the loop that started it is gone: nobody reads the report
                 pass
-        self._pending.add_done_callback(report)
+        fut.add_done_callback(report)
 
     async def _settle(self) -> None:
         fut = self._pending
         if fut is None:
             return
+        self._settling += 1
         try:
             await asyncio.wrap_future(fut)
         except BaseException as e:
             if fut.done():   # (not when only our wait was cancelled: close() waits for it)
-                self._pending = None
+                if self._pending is fut:
+                    self._pending = None
                 if not fut.cancelled() and self._failed is None:
                     self._failed = e
             raise
-        self._pending = None
+        finally:
+            self._settling -= 1
+        if self._pending is fut:
+            self._pending = None
 
     # -- schema effects (commit thread) ---------------------------------------------------------
 

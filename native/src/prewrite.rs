@@ -182,11 +182,11 @@ pub(crate) struct DateTime {
 
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Time {
-    negative: bool,
-    hours: u32,
-    minutes: u32,
-    seconds: u32,
-    microseconds: u32,
+    pub(crate) negative: bool,
+    pub(crate) hours: u32,
+    pub(crate) minutes: u32,
+    pub(crate) seconds: u32,
+    pub(crate) microseconds: u32,
 }
 
 pub(crate) enum Value {

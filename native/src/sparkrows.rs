@@ -9,7 +9,7 @@
 //! key_vis, datum_from, zero)`, compiled once per table shape and sink table state:
 //! - `total` columns in a full row, `visible_pos` the positions of the visible ones;
 //! - per visible column: `native` a bit mask of the Datum fields (field numbers) whose value is
-//!   the Spark value as it is, `modes` (0 none, 1 TIMESTAMP, 2 DATE, 3 DECIMAL, 4 BINARY: the
+//!   the Spark value as it is, `modes` (0 none, 1 TIMESTAMP, 2 DATE, 3 DECIMAL, 4 BINARY, 5 STRING: the
 //!   kinds spark_sink/types.py's converter for that type turns into a value, done here the same
 //!   way), `converters` the Python converter (types.py) every other kind goes to as a
 //!   `pb.Datum` (`datum_from(bytes)`), `names` (for `_zero_dates`);
@@ -27,8 +27,10 @@
 //! tests): NULL or no value -> None; a kind in the column's native mask as it is (int, uint ->
 //! int; double -> float; str, json, decimal -> str); TIMESTAMP datetime -> an aware UTC
 //! `datetime`, DATE datetime -> `date` (a ValueError of the constructor: a zero date, None
-//! and the column named in `_zero_dates`); DECIMAL decimal -> `Decimal(text)`; BINARY bytes ->
-//! `bytearray`; anything else -> `converter(datum_from(datum bytes))` (its `zero` result is a
+//! and the column named in `_zero_dates`); DECIMAL decimal -> `Decimal(text)`, int and uint ->
+//! `Decimal(int)`; BINARY bytes -> `bytearray`; STRING (mode 5) time -> `[-]HH:MM:SS.ffffff`,
+//! datetime -> `YYYY-MM-DD HH:MM:SS.ffffff`, int and uint -> their decimal text, valid UTF-8
+//! bytes -> their text; anything else -> `converter(datum_from(datum bytes))` (its `zero` result is a
 //! zero date). Identity comparison is the protobuf message equality of the Datums (or rows):
 //! equal bytes are equal, other pairs are compared as messages by Python.
 //!
@@ -48,6 +50,7 @@ const M_TS: u8 = 1;
 const M_DATE: u8 = 2;
 const M_DEC: u8 = 3;
 const M_BYTES: u8 = 4;
+const M_TEXT: u8 = 5;
 const F_INT: u32 = 2;
 const F_UINT: u32 = 3;
 const F_DOUBLE: u32 = 4;
@@ -168,7 +171,24 @@ impl SparkRows {
             Value::Decimal(a, z) if self.modes[i] == M_DEC => {
                 return self.decimal.bind(py).call1((utf8(py, &b[a..z], "decimal text")?,));
             }
+            Value::Int(x) if self.modes[i] == M_DEC => return self.decimal.bind(py).call1((x,)),
+            Value::Uint(x) if self.modes[i] == M_DEC => return self.decimal.bind(py).call1((x,)),
             Value::Bytes(a, z) if self.modes[i] == M_BYTES => return Ok(PyByteArray::new(py, &b[a..z]).into_any()),
+            Value::Int(x) if self.modes[i] == M_TEXT => return Ok(PyString::new(py, &x.to_string()).into_any()),
+            Value::Uint(x) if self.modes[i] == M_TEXT => return Ok(PyString::new(py, &x.to_string()).into_any()),
+            Value::Time(t) if self.modes[i] == M_TEXT => {
+                let sign = if t.negative { "-" } else { "" };
+                return Ok(PyString::new(py, &format!("{sign}{:02}:{:02}:{:02}.{:06}", t.hours, t.minutes,
+                                                     t.seconds, t.microseconds)).into_any());
+            }
+            Value::DateTime(d) if self.modes[i] == M_TEXT => {
+                return Ok(PyString::new(py, &format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}", d.year, d.month,
+                                                     d.day, d.hour, d.minute, d.second, d.microsecond)).into_any());
+            }
+            // invalid UTF-8 goes to the converter (its surrogateescape decoding)
+            Value::Bytes(a, z) if self.modes[i] == M_TEXT && std::str::from_utf8(&b[a..z]).is_ok() => {
+                return Ok(utf8(py, &b[a..z], "text value")?.into_any());
+            }
             Value::DateTime(d) if self.modes[i] == M_TS => self.datetime.bind(py).call1((
                 d.year, d.month, d.day, d.hour, d.minute, d.second, d.microsecond, self.utc.bind(py))).map_err(Some),
             Value::DateTime(d) if self.modes[i] == M_DATE => self.date.bind(py).call1((d.year, d.month, d.day)).map_err(Some),

@@ -134,6 +134,51 @@ def test_a_full_batch_commits_while_the_next_one_buffers(spark_env: SparkEnv) ->
     run(again.close())
 
 
+def test_a_checkpoint_during_a_commit_starts_the_next_commit_when_it_ends(spark_env: SparkEnv) -> None:
+    """commit_soon (the drainer's checkpoint tick) never waits for a commit in flight, and the
+    rows it asked for do not wait for the next tick either: the next commit starts as soon as
+    the one in flight ends, and each reports its checkpoint. flush() then finds nothing left,
+    and every change lands once."""
+    import asyncio
+    import time
+
+    from sluice.core import failpoint
+    env = spark_env
+    txns = [schema_txn(T0, ITEMS)] + [
+        txn(prewrite_value(ITEMS.mutation(ITEMS.insert(id=i, qty=i, note="w"))), T0 + i)
+        for i in range(1, 21)]
+    schema = history(txns[:1])
+    sink = make_sink(env, "cw", schema)
+
+    async def go() -> list[int]:
+        await sink.open(Checkpoint(0))
+        await sink.apply(txns[:1])
+        await sink.flush()
+        failpoint.enable("spark-before-commit", "1*sleep(1500)")
+        try:
+            await sink.apply(txns[1:11])
+            await sink.commit_soon()                 # starts a commit; the failpoint holds it
+            await sink.apply(txns[11:21])
+            t = time.monotonic()
+            await sink.commit_soon()                 # in flight: returns at once
+            assert time.monotonic() - t < 0.5
+            assert not sink.idle
+            got = []
+            while len(got) < 2:                      # no further call: both commits report
+                got.append((await asyncio.wait_for(sink.successes().get(), 120)).commit_ts)
+        finally:
+            failpoint.disable("spark-before-commit")
+        assert sink.idle
+        await sink.flush()
+        await sink.close()
+        return got
+
+    assert run(go()) == [txns[10].commit_ts, txns[20].commit_ts]
+    assert env.rows("SELECT count(*), count(DISTINCT _commit_ts, _seq) FROM cw_inv.items_changelog")[0] \
+        == (20, 20)
+    assert env.rows("SELECT count(*) FROM cw_inv.items")[0][0] == 20
+
+
 def test_ddl_add_drop_widen_recast_then_unmappable_stops(spark_env: SparkEnv) -> None:
     """Schema evolution by field id: ADD, DROP (gone from the current table, kept in the
     changelog), INT -> BIGINT promoted in place, DECIMAL(10,2) -> DECIMAL(12,4) (no Iceberg
