@@ -29,11 +29,14 @@ import json
 import logging
 import re
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.core.errors import FailedPrecondition
 from sluice.core.log import kv
 from sluice.spark_sink import positions
+
+if TYPE_CHECKING:
+    from sluice.spark_sink.catalog import JavaClasses
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +135,7 @@ class Target:
     """One Iceberg table's branch that files go to, as the table is now (refreshed): its Java
     `Table`, its Arrow schema, and the snapshot summary every commit carries."""
 
-    jvm: Any
-    gateway: Any
+    java: JavaClasses
     ice: Any
     name: str
     branch: str
@@ -159,17 +161,17 @@ class Target:
 
     def _metrics(self, path: str, config: Any = None) -> Any:
         """Iceberg's metrics of the written file under `config` (default: the table's)."""
-        ice = self.jvm.org.apache.iceberg
-        return ice.parquet.ParquetUtil.fileMetrics(
+        j = self.java
+        return j.ParquetUtil.fileMetrics(
             self.ice.io().newInputFile(path),
-            config if config is not None else ice.MetricsConfig.forTable(self.ice))
+            config if config is not None else j.MetricsConfig.forTable(self.ice))
 
     def data_file(self, data: Any) -> Any:
         """data (already in self.schema) as a parquet data file of the table."""
         path, size = self._write(data, "data")
-        ice = self.jvm.org.apache.iceberg
-        return (ice.DataFiles.builder(self.ice.spec()).withPath(path)
-                .withFormat(ice.FileFormat.PARQUET).withFileSizeInBytes(size)
+        j = self.java
+        return (j.DataFiles.builder(self.ice.spec()).withPath(path)
+                .withFormat(j.FileFormat.PARQUET).withFileSizeInBytes(size)
                 .withMetrics(self._metrics(path)).build())
 
     def equality_delete_file(self, keys: Any) -> Any:
@@ -187,12 +189,12 @@ class Target:
             ids.append(int(f.metadata[FIELD_ID]))
         data = conform(keys.rename_columns([f.name for f in fields]), pa.schema(fields), self.name)
         path, size = self._write(data, "eq-deletes")
-        jids = self.gateway.new_array(self.jvm.int, len(ids))
+        j = self.java
+        jids = j.gateway.new_array(j.int, len(ids))
         for i, fid in enumerate(ids):
             jids[i] = fid
-        ice = self.jvm.org.apache.iceberg
-        return (ice.FileMetadata.deleteFileBuilder(self.ice.spec()).ofEqualityDeletes(jids)
-                .withPath(path).withFormat(ice.FileFormat.PARQUET).withFileSizeInBytes(size)
+        return (j.FileMetadata.deleteFileBuilder(self.ice.spec()).ofEqualityDeletes(jids)
+                .withPath(path).withFormat(j.FileFormat.PARQUET).withFileSizeInBytes(size)
                 .withRecordCount(data.num_rows).withMetrics(self._metrics(path)).build())
 
     def position_delete_file(self, rows: Any) -> Any:
@@ -202,12 +204,12 @@ class Target:
                             _ided("pos", pa.int64(), positions.POS_ID, True)])
         data = pa.Table.from_arrays([rows.column("file_path"), rows.column("pos")], schema=schema)
         path, size = self._write(data, "deletes")
-        ice = self.jvm.org.apache.iceberg
+        j = self.java
         # The position-delete metrics config keeps whole file_path bounds: readers match a
         # delete file to the data files it can touch by them.
-        metrics = self._metrics(path, ice.MetricsConfig.forPositionDelete())
-        return (ice.FileMetadata.deleteFileBuilder(self.ice.spec()).ofPositionDeletes()
-                .withPath(path).withFormat(ice.FileFormat.PARQUET).withFileSizeInBytes(size)
+        metrics = self._metrics(path, j.MetricsConfig.forPositionDelete())
+        return (j.FileMetadata.deleteFileBuilder(self.ice.spec()).ofPositionDeletes()
+                .withPath(path).withFormat(j.FileFormat.PARQUET).withFileSizeInBytes(size)
                 .withRecordCount(data.num_rows).withMetrics(metrics).build())
 
     def find_positions(self, keys: Any) -> positions.Positions | None:
@@ -264,7 +266,7 @@ class Target:
                 op = op.validateFromSnapshot(found.snapshot_id)
             from py4j.java_collections import ListConverter
             op = op.validateDataFilesExist(ListConverter().convert(
-                found.files, self.gateway._gateway_client)).validateDeletedFiles()
+                found.files, self.java.gateway._gateway_client)).validateDeletedFiles()
         self._commit(op)
 
 
@@ -273,20 +275,17 @@ def target(catalog: Any, db: str, table: str, branch: str, props: dict[str, str]
     """The branch of db.table to write files to, or None when Spark must write it instead (a
     partitioned table: its files would need partition values; a type arrow_schema cannot map
     exactly)."""
-    spark = catalog.spark
-    jvm = spark._jvm
     ice = catalog.iceberg_table(db, table)
     name = f"{db}.{table}"
     if not ice.spec().isUnpartitioned():
         log.debug("spark sink: partitioned table, written through Spark", extra=kv(table=name))
         return None
     try:
-        schema = _schema_of(jvm.org.apache.iceberg.SchemaParser.toJson(ice.schema()))
+        schema = _schema_of(catalog.java.SchemaParser.toJson(ice.schema()))
     except Unmappable as e:
         log.debug("spark sink: table written through Spark", extra=kv(table=name, reason=str(e)))
         return None
-    return Target(jvm, spark.sparkContext._gateway, ice, name, branch, dict(props), schema,
-                  key_cache)
+    return Target(catalog.java, ice, name, branch, dict(props), schema, key_cache)
 
 
 _SCHEMAS: dict[str, Any] = {}

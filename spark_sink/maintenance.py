@@ -186,8 +186,7 @@ def _orphans_possible(cat: Any, ice: Any, cutoff_ms: int) -> bool:
     since the cutoff. (The table's own history cannot bound this: expired snapshots leave no
     trace, and a location may hold a dropped or renamed table's leftovers.)"""
     try:
-        jvm = cat.spark._jvm
-        path = jvm.org.apache.hadoop.fs.Path(ice.location())
+        path = cat.java.HadoopPath(ice.location())
         fs = path.getFileSystem(cat.spark._jsc.hadoopConfiguration())
         if not fs.exists(path):
             return False
