@@ -162,9 +162,8 @@ class Target:
     def _metrics(self, path: str, config: Any = None) -> Any:
         """Iceberg's metrics of the written file under `config` (default: the table's)."""
         j = self.java
-        return j.ParquetUtil.fileMetrics(
-            self.ice.io().newInputFile(path),
-            config if config is not None else j.MetricsConfig.forTable(self.ice))
+        return j.parquet_metrics(self.ice.io().newInputFile(path),
+                                 config if config is not None else j.MetricsConfig.forTable(self.ice))
 
     def data_file(self, data: Any) -> Any:
         """data (already in self.schema) as a parquet data file of the table."""

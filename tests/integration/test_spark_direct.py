@@ -135,6 +135,7 @@ def test_every_type_round_trips_equal_through_the_direct_path_and_pyiceberg_read
         py_rows = sorted((tuple(norm(_py(x)) for x in r)
                           for r in zip(*(py.column(c).to_pylist() for c in cols))), key=repr)
         assert py_rows == spark_rows
+        _assert_metrics_are_icebergs(env, "dty_ty", table)
     # The marker rows: same columns and values but the time of the commit and the heads.
     cols = "batch, epoch, drainer, commit_ts, rows, array_sort(map_keys(tables))"
 
@@ -142,6 +143,33 @@ def test_every_type_round_trips_equal_through_the_direct_path_and_pyiceberg_read
         return [(*r[:-1], sorted(k.replace(name, "") for k in r[-1])) for r in env.rows(
             f"SELECT {cols} FROM m_{name}._sluice_commits ORDER BY batch")]
     assert marker("dty") == marker("sty") and len(marker("dty")) >= 2
+
+
+def _assert_metrics_are_icebergs(env: SparkEnv, db: str, table: str) -> None:
+    """Readers prune files by their metrics, so the metrics the sink commits with a file
+    (read from its footer with options made once: JavaClasses.parquet_metrics) are exactly
+    Iceberg's own `ParquetUtil.fileMetrics`, for every type, under the table's metrics config
+    and the position-delete one."""
+    from sluice.spark_sink.catalog import Catalog
+    cat = Catalog(env.spark, env.session_cfg.catalog)
+    j, ice = cat.java, cat.iceberg_table(db, table)
+    tasks = ice.newScan().includeColumnStats().planFiles().iterator()
+    files = 0
+    while tasks.hasNext():
+        f = tasks.next().file()
+        inp = ice.io().newInputFile(str(f.location()))
+        for config in (j.MetricsConfig.forTable(ice), j.MetricsConfig.forPositionDelete()):
+            got, want = j.parquet_metrics(inp, config), j.ParquetUtil.fileMetrics(inp, config)
+            assert got.recordCount() == want.recordCount() > 0
+            for part in ("columnSizes", "valueCounts", "nullValueCounts", "nanValueCounts",
+                         "lowerBounds", "upperBounds"):
+                a, b = getattr(got, part)(), getattr(want, part)()
+                assert (a is None and b is None) or (a is not None and a.equals(b)), (table, part)
+        # ... and what the committed file carries (its bounds as Iceberg computes them)
+        want = j.ParquetUtil.fileMetrics(inp, j.MetricsConfig.forTable(ice))
+        assert f.lowerBounds().equals(want.lowerBounds()) and f.upperBounds().equals(want.upperBounds())
+        files += 1
+    assert files > 0
 
 
 def _py(v: Any) -> Any:
