@@ -123,6 +123,154 @@ pub fn prewrite_mutations<'py>(py: Python<'py>, payload: &Bound<'py, PyBytes>) -
     Ok((snapshot_chunk, out))
 }
 
+// ------------------------------------------------------------------------------------------------
+// the check: a whole PrewriteValue as upb parses it, and the facts the drainer's hot paths need
+// ------------------------------------------------------------------------------------------------
+
+// The messages of a PrewriteValue (proto/sluice.proto), for `ld`.
+const M_PV: u8 = 0;
+const M_TM: u8 = 1;
+const M_RC: u8 = 2;
+const M_ROW: u8 = 3;
+const M_DATUM: u8 = 4;
+const M_DT: u8 = 5;
+const M_TIME: u8 = 6;
+const M_DDL: u8 = 7;
+const M_TI: u8 = 8;
+const M_CI: u8 = 9;
+const M_II: u8 = 10;
+const M_SI: u8 = 11;
+
+enum Ld {
+    Other,
+    Str,
+    Msg(u8),
+}
+
+/// What a length-delimited field of message `m` is: a proto3 string (upb refuses bad UTF-8), a
+/// sub-message, or bytes / unknown (taken as is).
+fn ld(m: u8, f: u64) -> Ld {
+    match (m, f) {
+        (M_PV, 2) => Ld::Msg(M_TM),
+        (M_PV, 3) => Ld::Msg(M_DDL),
+        (M_PV, 4) => Ld::Msg(M_TI),
+        (M_PV, 5) => Ld::Msg(M_SI),
+        (M_TM, 2 | 3) => Ld::Str,
+        (M_TM, 5) => Ld::Msg(M_RC),
+        (M_RC, 2 | 3) => Ld::Msg(M_ROW),
+        (M_ROW, 1) => Ld::Msg(M_DATUM),
+        (M_DATUM, 5 | 7 | 10) => Ld::Str,
+        (M_DATUM, 8) => Ld::Msg(M_DT),
+        (M_DATUM, 9) => Ld::Msg(M_TIME),
+        (M_DDL, 2 | 3 | 4 | 6 | 7) => Ld::Str,
+        (M_DDL, 5) => Ld::Msg(M_TI),
+        (M_TI, 2 | 3 | 7 | 8 | 9) => Ld::Str,
+        (M_TI, 5) => Ld::Msg(M_CI),
+        (M_TI, 6) => Ld::Msg(M_II),
+        (M_CI, 1 | 2 | 3 | 9 | 10 | 13 | 14) => Ld::Str,
+        (M_II, 1 | 2) => Ld::Str,
+        (M_SI, 1 | 3 | 4) => Ld::Str,
+        _ => Ld::Other,
+    }
+}
+
+/// A tag as upb reads it: at most 5 bytes, within 32 bits.
+fn strict_tag(r: &mut Rd) -> WireResult<(u64, u8)> {
+    let at = r.p;
+    let (f, w) = r.tag()?;
+    if r.p - at > 5 || f > (u32::MAX >> 3) as u64 {
+        return Err(format!("tag at byte {at} beyond 32 bits"));
+    }
+    Ok((f, w))
+}
+
+/// Skip a field that is not checked further; groups nest at most 100 deep counting the
+/// messages around them (upb's limit).
+fn strict_skip(r: &mut Rd, w: u8, f: u64, depth: u32) -> WireResult<()> {
+    if w != 3 {
+        return r.skip(w, f);
+    }
+    if depth >= 100 {
+        return Err(format!("groups nested deeper than 100 at byte {}", r.p));
+    }
+    loop {
+        if !r.more() {
+            return Err(format!("unterminated group {f} at byte {}", r.p));
+        }
+        let (g, gw) = strict_tag(r)?;
+        if gw == 4 {
+            if g != f {
+                return Err(format!("group {f} closed by end tag {g} at byte {}", r.p));
+            }
+            return Ok(());
+        }
+        strict_skip(r, gw, g, depth + 1)?;
+    }
+}
+
+fn check_field(r: &mut Rd, b: &[u8], m: u8, f: u64, w: u8, depth: u32) -> WireResult<()> {
+    if w != 2 {
+        return strict_skip(r, w, f, depth);
+    }
+    let (a, z) = r.span()?;
+    match ld(m, f) {
+        Ld::Str => std::str::from_utf8(&b[a..z]).map(|_| ()).map_err(|e| {
+            format!("string field {f} at byte {a} is not UTF-8 (invalid byte at {})", a + e.valid_up_to())
+        }),
+        Ld::Msg(sub) => check(b, sub, a, z, depth + 1),
+        Ld::Other => Ok(()),
+    }
+}
+
+/// Message `m` at `b[s..e]` and everything in it is what upb's parse accepts: wire format,
+/// UTF-8 strings, nesting.
+fn check(b: &[u8], m: u8, s: usize, e: usize, depth: u32) -> WireResult<()> {
+    let mut r = Rd::new(b, s, e);
+    while r.more() {
+        let (f, w) = strict_tag(&mut r)?;
+        check_field(&mut r, b, m, f, w, depth)?;
+    }
+    Ok(())
+}
+
+/// A joined PrewriteValue checked whole, as upb's parse would (so an undecodable one is refused
+/// where the transaction is joined), and in the same walk what the drainer's hot paths read
+/// without parsing it: `(has_ddl, has_schema_snapshots, source, snapshot_chunk, mutations)`:
+/// `source` the SourceInfo's bytes (occurrences concatenated: they parse as the merge) or None,
+/// `mutations` exactly `prewrite_mutations`' list. Err: why the value is undecodable.
+pub(crate) fn prewrite_facts<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Result<Bound<'py, PyTuple>, String>> {
+    let out = PyList::empty(py);
+    let (mut has_ddl, mut has_snapshots, mut snapshot_chunk) = (false, false, false);
+    let mut source: Option<Vec<u8>> = None;
+    let mut r = Rd::new(b, 0, b.len());
+    while r.more() {
+        let (f, w) = match strict_tag(&mut r) {
+            Ok(t) => t,
+            Err(e) => return Ok(Err(e)),
+        };
+        let at = r.p;
+        if let Err(e) = check_field(&mut r, b, M_PV, f, w, 0) {
+            return Ok(Err(e));
+        }
+        match (f, w) {
+            (2, 2) => {
+                let (s, e) = Rd::new(b, at, r.p).span().expect("checked");
+                out.append(mutation_entry(py, b, s, e)?)?;
+            }
+            (3, 2) => has_ddl = true,
+            (4, 2) => has_snapshots = true,
+            (5, 2) => {
+                let v = Rd::new(b, at, r.p).bytes().expect("checked");
+                source.get_or_insert_with(Vec::new).extend_from_slice(v);
+            }
+            (6, 0) => snapshot_chunk = Rd::new(b, at, r.p).varint().expect("checked") != 0,
+            _ => {}
+        }
+    }
+    let source = source.map(|v| PyBytes::new(py, &v).into_any()).unwrap_or_else(|| py.None().into_bound(py));
+    Ok(Ok((has_ddl, has_snapshots, source, snapshot_chunk, out).into_pyobject(py)?))
+}
+
 fn mutation_entry<'py>(py: Python<'py>, b: &[u8], start: usize, end: usize) -> PyResult<Bound<'py, PyTuple>> {
     let what = "table mutation";
     let mut r = Rd::new(b, start, end);
