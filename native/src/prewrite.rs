@@ -174,61 +174,122 @@ fn ld(m: u8, f: u64) -> Ld {
     }
 }
 
-/// A tag as upb reads it: at most 5 bytes, within 32 bits.
-fn strict_tag(r: &mut Rd) -> WireResult<(u64, u8)> {
-    let at = r.p;
-    let (f, w) = r.tag()?;
-    if r.p - at > 5 || f > (u32::MAX >> 3) as u64 {
-        return Err(format!("tag at byte {at} beyond 32 bits"));
-    }
-    Ok((f, w))
+/// The check's reader: one-byte varints (nearly every tag and length) read inline, the rest by
+/// `Rd`; tags as upb reads them (at most 5 bytes, within 32 bits).
+struct Ck<'a> {
+    b: &'a [u8],
+    p: usize,
+    end: usize,
 }
 
-/// Skip a field that is not checked further; groups nest at most 100 deep counting the
-/// messages around them (upb's limit).
-fn strict_skip(r: &mut Rd, w: u8, f: u64, depth: u32) -> WireResult<()> {
-    if w != 3 {
-        return r.skip(w, f);
-    }
-    if depth >= 100 {
-        return Err(format!("groups nested deeper than 100 at byte {}", r.p));
-    }
-    loop {
-        if !r.more() {
-            return Err(format!("unterminated group {f} at byte {}", r.p));
-        }
-        let (g, gw) = strict_tag(r)?;
-        if gw == 4 {
-            if g != f {
-                return Err(format!("group {f} closed by end tag {g} at byte {}", r.p));
+impl<'a> Ck<'a> {
+    #[inline(always)]
+    fn varint(&mut self) -> WireResult<u64> {
+        let b = &self.b[..self.end];
+        let p = self.p;
+        if p + 1 < b.len() || p < b.len() && b[p] < 0x80 {
+            let x = b[p];
+            if x < 0x80 {
+                self.p = p + 1;
+                return Ok(x as u64);
             }
-            return Ok(());
+            let y = b[p + 1];
+            if y < 0x80 {
+                self.p = p + 2;
+                return Ok((x & 0x7F) as u64 | (y as u64) << 7);
+            }
         }
-        strict_skip(r, gw, g, depth + 1)?;
+        let mut r = Rd::new(self.b, self.p, self.end);
+        let v = r.varint()?;
+        self.p = r.p;
+        Ok(v)
     }
-}
 
-fn check_field(r: &mut Rd, b: &[u8], m: u8, f: u64, w: u8, depth: u32) -> WireResult<()> {
-    if w != 2 {
-        return strict_skip(r, w, f, depth);
+    #[inline(always)]
+    fn tag(&mut self) -> WireResult<(u64, u8)> {
+        let at = self.p;
+        let t = self.varint()?;
+        if self.p - at > 5 || t > u32::MAX as u64 {
+            return Err(format!("tag at byte {at} beyond 32 bits"));
+        }
+        if t >> 3 == 0 {
+            return Err(format!("field number 0 at byte {at}"));
+        }
+        Ok((t >> 3, (t & 7) as u8))
     }
-    let (a, z) = r.span()?;
-    match ld(m, f) {
-        Ld::Str => std::str::from_utf8(&b[a..z]).map(|_| ()).map_err(|e| {
-            format!("string field {f} at byte {a} is not UTF-8 (invalid byte at {})", a + e.valid_up_to())
-        }),
-        Ld::Msg(sub) => check(b, sub, a, z, depth + 1),
-        Ld::Other => Ok(()),
+
+    #[inline(always)]
+    fn span(&mut self) -> WireResult<(usize, usize)> {
+        let at = self.p;
+        let n = self.varint()?;
+        if n > (self.end - self.p) as u64 {
+            return Err(format!("length {n} at byte {at} runs past the end of its message (byte {})", self.end));
+        }
+        let s = self.p;
+        self.p += n as usize;
+        Ok((s, self.p))
+    }
+
+    /// Skip a field that is not checked further; groups nest at most 100 deep counting the
+    /// messages around them (upb's limit).
+    fn skip(&mut self, w: u8, f: u64, depth: u32) -> WireResult<()> {
+        match w {
+            0 => self.varint().map(|_| ()),
+            2 => self.span().map(|_| ()),
+            1 | 5 => {
+                let n = if w == 1 { 8 } else { 4 };
+                if self.end - self.p < n {
+                    return Err(format!("truncated fixed{} at byte {}", n * 8, self.p));
+                }
+                self.p += n;
+                Ok(())
+            }
+            3 => {
+                if depth >= 100 {
+                    return Err(format!("groups nested deeper than 100 at byte {}", self.p));
+                }
+                loop {
+                    if self.p >= self.end {
+                        return Err(format!("unterminated group {f} at byte {}", self.p));
+                    }
+                    let (g, gw) = self.tag()?;
+                    if gw == 4 {
+                        if g != f {
+                            return Err(format!("group {f} closed by end tag {g} at byte {}", self.p));
+                        }
+                        return Ok(());
+                    }
+                    self.skip(gw, g, depth + 1)?;
+                }
+            }
+            _ => Err(format!("wire type {w} of field {f} at byte {}", self.p)),
+        }
+    }
+
+    /// The field whose tag was just read: a string's UTF-8, a sub-message whole, else skipped.
+    #[inline(always)]
+    fn field(&mut self, m: u8, f: u64, w: u8, depth: u32) -> WireResult<()> {
+        if w != 2 {
+            return self.skip(w, f, depth);
+        }
+        let (a, z) = self.span()?;
+        match ld(m, f) {
+            Ld::Str => std::str::from_utf8(&self.b[a..z]).map(|_| ()).map_err(|e| {
+                format!("string field {f} at byte {a} is not UTF-8 (invalid byte at {})", a + e.valid_up_to())
+            }),
+            Ld::Msg(sub) => check(self.b, sub, a, z, depth + 1),
+            Ld::Other => Ok(()),
+        }
     }
 }
 
 /// Message `m` at `b[s..e]` and everything in it is what upb's parse accepts: wire format,
 /// UTF-8 strings, nesting.
 fn check(b: &[u8], m: u8, s: usize, e: usize, depth: u32) -> WireResult<()> {
-    let mut r = Rd::new(b, s, e);
-    while r.more() {
-        let (f, w) = strict_tag(&mut r)?;
-        check_field(&mut r, b, m, f, w, depth)?;
+    let mut r = Ck { b, p: s, end: e };
+    while r.p < r.end {
+        let (f, w) = r.tag()?;
+        r.field(m, f, w, depth)?;
     }
     Ok(())
 }
@@ -242,14 +303,14 @@ pub(crate) fn prewrite_facts<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Result<
     let out = PyList::empty(py);
     let (mut has_ddl, mut has_snapshots, mut snapshot_chunk) = (false, false, false);
     let mut source: Option<Vec<u8>> = None;
-    let mut r = Rd::new(b, 0, b.len());
-    while r.more() {
-        let (f, w) = match strict_tag(&mut r) {
+    let mut r = Ck { b, p: 0, end: b.len() };
+    while r.p < r.end {
+        let (f, w) = match r.tag() {
             Ok(t) => t,
             Err(e) => return Ok(Err(e)),
         };
         let at = r.p;
-        if let Err(e) = check_field(&mut r, b, M_PV, f, w, 0) {
+        if let Err(e) = r.field(M_PV, f, w, 0) {
             return Ok(Err(e));
         }
         match (f, w) {
