@@ -4,6 +4,8 @@ Invariants kept here:
 - A Txn is built only from a COMMIT and every part of its PREWRITE, joined in part order;
   anything else is CorruptTxn naming pump, start_ts and commit_ts. (Same start_ts, parts
   0..part_count-1: a transaction is never decoded from a partial or mismatched prewrite.)
+- A PrewriteValue that protobuf's parser would refuse is CorruptTxn at the join, though the
+  message itself is parsed only on demand (Txn.prewrite): the native join checks it whole.
 - SchemaHistory answers with the table shape in force at commit_ts: the latest version with
   commit_ts <= the given commit_ts. So rows are decoded with the shape they were written with,
   even after later DDL and after a restart from an old checkpoint.
