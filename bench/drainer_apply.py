@@ -41,8 +41,8 @@ drainer's MySQL step per transaction as the syncer runs it — `Txn.from_framed`
 bytes, then `MySQLSink.apply` — fed --apply-batch transactions per call, paced at --rate
 transactions per second (a bounded rate: small batches, partial worker batches nudged out),
 then flushed. Old and new trees alternate within every round, each in its own process
-(`--base-rev`: the baseline tree from `git archive`, its `sluice.*` packages imported from
-there, the native module shared); reported: CPU ms per transaction of the drainer process
+(`--base-rev`: the baseline tree from `git archive`, its `sluice.*` packages and its own
+native module, built by bench/drainer_read.py's prepare_base, imported from there); reported: CPU ms per transaction of the drainer process
 (user + system, all threads) and of mariadbd, and the CPU µs per transaction of the in-process
 stages (`from_framed`, `translate`, `batch_sql` over 20-row worker batches; process_time, gc
 off, the least of 3 passes); medians over --repeat rounds, load average per run. Each run's downstream is checked
@@ -74,7 +74,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 if "--sysbench-child" in sys.argv and "--tree" in sys.argv:
     # A baseline tree (base_tree): its `sluice.*` and `tests.*` come first.
     _tree = sys.argv[sys.argv.index("--tree") + 1]
-    sys.path[0:0] = [str(Path(_tree) / "_ns"), _tree] if (Path(_tree) / "_ns").exists() else [_tree]
+    sys.path[0:0] = ([str(Path(_tree) / "_native"), str(Path(_tree) / "_ns"), _tree]
+                     if (Path(_tree) / "_ns").exists() else [_tree])
 
 from sluice.drainer.sink import Checkpoint  # noqa: E402
 from sluice.drainer.sinks.mysql import MySQLSink, MySQLSinkConfig  # noqa: E402
@@ -259,18 +260,13 @@ _PACKAGES = ("proto", "core", "tso", "pump", "client", "drainer", "spark_sink", 
 
 
 def base_tree(rev: str, into: Path) -> Path:
-    """The baseline tree of rev (git archive) with a `sluice` namespace of symlinks, so a
-    process that puts `<tree>/_ns` first on sys.path imports `sluice.*` from there."""
+    """The baseline tree of rev (git archive) with a `sluice` namespace of symlinks and its own
+    native module (bench/drainer_read.py's prepare_base: the trees' native modules differ), so a
+    process that puts `<tree>/_native` and `<tree>/_ns` first on sys.path runs that tree."""
     import shutil
-    import subprocess
-    tree = into / "base"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    ns = tree / "_ns" / "sluice"
-    ns.mkdir(parents=True)
-    for name in _PACKAGES:
-        (ns / name).symlink_to(tree / name)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from drainer_read import prepare_base
+    tree = prepare_base(rev, into)
     if not (tree / "tests/support/sysbench_rows.py").exists():
         shutil.copy(ROOT / "tests/support/sysbench_rows.py", tree / "tests/support/sysbench_rows.py")
     return tree

@@ -15,6 +15,27 @@ response (a FAKE each 64), like a pump's. CPU µs per transaction (process_time,
 median of --rounds, with the load average (1 min) beside every number: the machine is shared.
 
 Run: .venv/bin/python bench/drainer_read.py [--txns 20000] [--per-response 256] [--rounds 7]
+
+Trees (`--trees`, the lazy PrewriteValue of issue 23): what each drainer does per merged
+transaction, the old tree against this one, each run in its own process with its own native
+module (`--base-rev`: `git archive` of it and its native/ built into `<tree>/_native` — the two
+native modules differ — or `--base-tree DIR` prepared that way), alternating old/new every round.
+sysbench `oltp_write_only`-shaped transactions (tests/support/sysbench_rows.py: four `sbtest`
+tables, an index update, a non-index update, a delete and the insert back), each with a SourceInfo
+and a capture-like COMMIT position, framed as the merge carries them. Steps, CPU µs per
+transaction (process_time, gc off, the least of --repeat passes in a child; the median over
+--rounds rounds in the parent, the load average of every run printed):
+- `join`: Txn.from_framed (the syncer's step: native join, then — old tree — the upb parse of
+  the PrewriteValue, or — new — its check and facts);
+- `schema check`: the syncer's `does this transaction change the schema` test;
+- `spark`: SparkSink._changes_schema + _buffer_txn (the Spark sink's per-transaction work before
+  a commit, no JVM: table states planned as bench/spark_rows.py does);
+- `mysql`: Translator.translate (the MySQL sink's decode into row changes with causality keys);
+- the Spark drainer's and the MySQL drainer's sum of their steps.
+Both trees must buffer the same Spark tuples and the same row changes (digest checked).
+
+Run: .venv/bin/python bench/drainer_read.py --trees [--base-rev HEAD~1 | --base-tree DIR]
+     [--txns 20000] [--rounds 5] [--repeat 3]
 """
 from __future__ import annotations
 
@@ -27,6 +48,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "--tree-child" in sys.argv:
+    # A baseline tree (prepare_base): its native module and `sluice.*` come first.
+    _tree = Path(sys.argv[sys.argv.index("--tree-child") + 1])
+    if _tree != Path(__file__).resolve().parents[1]:
+        sys.path[0:0] = [str(_tree / "_native"), str(_tree / "_ns")]
 
 from sluice.core.wire import frame_head, packed_meta  # noqa: E402
 from sluice.drainer import reader as reader_mod  # noqa: E402
@@ -110,7 +136,210 @@ def timed(fn) -> float:
         gc.enable()
 
 
+# --------------------------------------------------------------------------------------------
+# old tree vs new tree, per merged transaction (--trees)
+# --------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+_PACKAGES = ("proto", "core", "tso", "pump", "client", "drainer", "spark_sink", "capture", "ctl")
+
+
+def prepare_base(rev: str, into: Path) -> Path:
+    """The tree of rev (git archive), a `sluice` namespace of symlinks (`<tree>/_ns`) and its own
+    native module built into `<tree>/_native` (cargo's cache copied from this checkout, the
+    sources touched so cargo rebuilds them)."""
+    import shutil
+    import subprocess
+    tree = into / "base"
+    tree.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    ns = tree / "_ns" / "sluice"
+    ns.mkdir(parents=True)
+    for name in _PACKAGES:
+        (ns / name).symlink_to(tree / name)
+    if (ROOT / "native/target").exists():
+        shutil.copytree(ROOT / "native/target", tree / "native/target", symlinks=True,
+                        ignore=shutil.ignore_patterns("wheels"))
+    for f in (tree / "native/src").iterdir():
+        f.touch()
+    env = dict(os.environ, PATH=f"{Path.home() / '.cargo/bin'}:{os.environ.get('PATH', '')}")
+    venv = Path(sys.executable).parent
+    subprocess.run([str(venv / "maturin"), "build", "--quiet", "--release", "--locked",
+                    "--manifest-path", str(tree / "native/Cargo.toml"), "--interpreter",
+                    sys.executable, "--out", str(tree / "native/target/wheels")],
+                   check=True, env=env, capture_output=True)
+    wheel = next((tree / "native/target/wheels").glob("*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "--no-deps", "--target", str(tree / "_native"), str(wheel)], check=True)
+    return tree
+
+
+def tree_child(a: argparse.Namespace) -> None:
+    """One tree's steps (its own process; sys.path was set before any sluice import)."""
+    import hashlib
+    import json
+
+    import sluice_native
+    from sluice.drainer.translator import Translator
+    from sluice.drainer.txn import frame
+    from sluice.spark_sink import tables as T
+    from sluice.spark_sink.config import SparkSinkConfig
+    from sluice.spark_sink.sink import SparkSink, _Buffer
+    from tests.support.rows import binlogs, history_of, prewrite_value as value_of, schema_txn
+    from tests.support.sysbench_rows import SysbenchWorkload
+
+    wl = SysbenchWorkload(a.seed, "sbtest", rows=10_000)
+    t0 = 1 << 40
+    framed: list[bytes] = []
+    for n in range(a.txns):
+        src = pb.SourceInfo(name="bench", server_id=1, gtid=f"0-1-{n + 1}", file="mysql-bin.000001",
+                            pos=4 + n * 600, ts_ms=1_700_000_000_000 + n)
+        pos = pb.Position(file_seq=1, offset=4 + n * 600, file_name="mysql-bin.000001",
+                          gtids=[pb.GtidPos(domain_id=0, server_id=1, seq_no=n + 1)],
+                          ts_ms=1_700_000_000_000 + n, server_id=1)
+        pre, com = binlogs(value_of(*wl.next_mutations(), source=src), t0 + 2 * n + 9,
+                           t0 + 2 * n + 10, position=pos)
+        framed.append(frame(pre + [com]))
+    history = history_of([schema_txn(t0, *wl.tables)])
+    sink = SparkSink(SparkSinkConfig(warehouse="/nonexistent"), history, "bench", 1, None,
+                     owner="bench")
+    for t in wl.tables:
+        sink._states[t.table_id] = T.plan(None, t.info, "sbtest")[0]
+    translator = Translator()
+    lazy = hasattr(Txn, "changes_schema")
+
+    def join() -> list:
+        return [Txn.from_framed(f, "pump-1", t0 + 2 * i + 10)[0] for i, f in enumerate(framed)]
+
+    def schema_check(txns: list) -> int:
+        if lazy:    # drainer/syncer.py of each tree
+            return sum(1 for t in txns if t.changes_schema)
+        n = 0
+        for t in txns:
+            pv = t.prewrite
+            if pv.schema_snapshots or pv.HasField("ddl"):
+                n += 1
+        return n
+
+    def spark(txns: list) -> _Buffer:
+        sink._buf = _Buffer()
+        for t in txns:
+            if sink._changes_schema(t):
+                raise SystemExit("a sysbench transaction changes no schema")
+            sink._buffer_txn(t)
+        return sink._buf
+
+    def mysql(txns: list) -> list:
+        return [translator.translate(t, history) for t in txns]
+
+    def timed(fn, *args):  # type: ignore[no-untyped-def]
+        gc.disable()
+        try:
+            c0 = time.process_time()
+            out = fn(*args)
+            return (time.process_time() - c0) / a.txns * 1e6, out
+        finally:
+            gc.enable()
+
+    best: dict[str, float] = {}
+    digest = ""
+    for _ in range(a.repeat):
+        s_join, txns = timed(join)
+        s_check, nschema = timed(schema_check, txns)
+        s_spark, buf = timed(spark, txns)
+        s_mysql, changes = timed(mysql, txns)
+        assert nschema == 0 and buf.count == 4 * a.txns, (nschema, buf.count)
+        for k, v in (("join", s_join), ("schema check", s_check), ("spark", s_spark),
+                     ("mysql", s_mysql)):
+            best[k] = min(best.get(k, 1e18), v)
+        digest = hashlib.sha256(repr((sorted(buf.rows.items()),
+                                      [[(c.kind, c.commit_ts, c.before, c.after, c.keys) for c in cs]
+                                       for cs in changes[:2000]])).encode()).hexdigest()[:16]
+        del txns, buf, changes
+        gc.collect()
+    print(json.dumps({"steps": best, "digest": digest, "load": os.getloadavg()[0],
+                      "native": sluice_native.__file__}))
+
+
+def trees_main(a: argparse.Namespace) -> None:
+    import datetime
+    import json
+    import subprocess
+    import tempfile
+    started = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-trees-") as tmp:
+        base = Path(a.base_tree) if a.base_tree else prepare_base(a.base_rev, Path(tmp))
+        for r in range(a.rounds):
+            order = (("old", base), ("new", ROOT)) if r % 2 == 0 else (("new", ROOT), ("old", base))
+            for side, tree in order:
+                cmd = [sys.executable, __file__, "--tree-child", str(tree), "--txns", str(a.txns),
+                       "--repeat", str(a.repeat), "--seed", str(a.seed)]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode:
+                    raise SystemExit(f"{side} run failed:\n{done.stderr[-3000:]}")
+                res = json.loads(done.stdout.strip().splitlines()[-1])
+                runs[side].append(res)
+                print(f"round {r + 1} {side}: " + ", ".join(f"{k} {v:.2f}" for k, v in res["steps"].items())
+                      + f" µs/txn, load {res['load']:.1f}, digest {res['digest']}", flush=True)
+    digests = {x["digest"] for rs in runs.values() for x in rs}
+    if len(digests) != 1:
+        raise SystemExit(f"the trees buffered different rows: {digests}")
+    med = {side: {k: statistics.median(x["steps"][k] for x in rs) for k in rs[0]["steps"]}
+           for side, rs in runs.items()}
+    for side in med:
+        m = med[side]
+        m["Spark drainer (join + schema check + spark)"] = m["join"] + m["schema check"] + m["spark"]
+        m["MySQL drainer (join + schema check + mysql)"] = m["join"] + m["schema check"] + m["mysql"]
+    loads = [x["load"] for rs in runs.values() for x in rs]
+    print(f"# per merged transaction, sysbench oltp_write_only shape ({a.txns} txns, 4 row changes, "
+          f"SourceInfo + positioned COMMIT); old = {a.base_tree or a.base_rev}, new = this tree; "
+          f"CPU µs per transaction, least of {a.repeat} passes per run, median of {a.rounds} "
+          f"alternating runs per side")
+    print(f"machine: {os.cpu_count()} cores, load average (1 min) {load0:.1f} at start, "
+          f"{min(loads):.1f}-{max(loads):.1f} during the runs, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+          f"{time.perf_counter() - started:.0f} s")
+    # Paired: each round's old run against its new run (adjacent in time), so a slow stretch of
+    # the shared machine weighs on both sides of a ratio.
+    def total(x: dict, mysql: bool) -> float:
+        st = x["steps"]
+        return st["join"] + st["schema check"] + (st["mysql"] if mysql else st["spark"])
+
+    paired: dict[str, list[float]] = {k: [] for k in med["old"]}
+    for o, n in zip(runs["old"], runs["new"]):
+        for k in o["steps"]:
+            paired[k].append(o["steps"][k] / n["steps"][k])
+        paired["Spark drainer (join + schema check + spark)"].append(total(o, False) / total(n, False))
+        paired["MySQL drainer (join + schema check + mysql)"].append(total(o, True) / total(n, True))
+    print("| step | old µs | new µs | old/new of medians | median of per-round old/new (range) |")
+    print("|---|---|---|---|---|")
+    for k in med["old"]:
+        r = paired[k]
+        print(f"| {k} | {med['old'][k]:.2f} | {med['new'][k]:.2f} | {med['old'][k] / med['new'][k]:.2f}x "
+              f"| {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}) |")
+
+
 def main() -> None:
+    if "--trees" in sys.argv or "--tree-child" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--trees", action="store_true")
+        ap.add_argument("--tree-child", help=argparse.SUPPRESS)
+        ap.add_argument("--base-rev", default="HEAD~1")
+        ap.add_argument("--base-tree")
+        ap.add_argument("--txns", type=int, default=20000)
+        ap.add_argument("--rounds", type=int, default=5)
+        ap.add_argument("--repeat", type=int, default=3)
+        ap.add_argument("--seed", type=int, default=7)
+        a = ap.parse_args()
+        if a.tree_child:
+            tree_child(a)
+        else:
+            trees_main(a)
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--txns", type=int, default=20000)
     ap.add_argument("--per-response", type=int, default=256)

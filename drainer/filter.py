@@ -175,4 +175,4 @@ class TxnFilter:
         new_value.schema_snapshots.extend(snaps)
         if not ddl_kept:
             new_value.ClearField("ddl")
-        return dataclasses.replace(txn, prewrite=new_value)
+        return txn.with_prewrite(new_value)

@@ -261,8 +261,7 @@ class Syncer:
                         continue
                     bad = e
                     break
-                pv = txn.prewrite
-                if pv.schema_snapshots or pv.HasField("ddl"):
+                if txn.changes_schema:
                     schema.apply(txn)
                 applied.append(it)
                 nbin += nb

@@ -4,6 +4,8 @@ Invariants kept here:
 - A Txn is built only from a COMMIT and every part of its PREWRITE, joined in part order;
   anything else is CorruptTxn naming pump, start_ts and commit_ts. (Same start_ts, parts
   0..part_count-1: a transaction is never decoded from a partial or mismatched prewrite.)
+- A PrewriteValue that protobuf's parser would refuse is CorruptTxn at the join, though the
+  message itself is parsed only on demand (Txn.prewrite): the native join checks it whole.
 - SchemaHistory answers with the table shape in force at commit_ts: the latest version with
   commit_ts <= the given commit_ts. So rows are decoded with the shape they were written with,
   even after later DDL and after a restart from an old checkpoint.
@@ -15,7 +17,7 @@ import bisect
 import dataclasses
 import json
 import logging
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import sluice_native
 from google.protobuf.message import DecodeError
@@ -114,33 +116,115 @@ class SchemaLookup(Protocol):
     def find(self, schema_name: str, table_name: str, commit_ts: int) -> pb.TableInfo | None: ...
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+_UNSET: object = object()
+
+
 class Txn:
+    """One joined transaction. Treated as immutable (nothing assigns its fields after it is
+    built); not a frozen dataclass because `prewrite` is parsed on first use and kept.
+
+    Joined from the wire (from_framed / from_binlogs), the PrewriteValue stays bytes
+    (`prewrite_bytes()`): the native join checks it whole, as upb's parse would, and reads what
+    the hot paths ask (is_ddl, has_schema_snapshots, source, the mutations' spans) in the same
+    walk (native/src/prewrite.rs `prewrite_facts`), so an undecodable value is still CorruptTxn
+    where the transaction is joined and `prewrite` (the message) is parsed only when a reader
+    needs it (DDL, schema snapshots, the file sink's rows, the table filter)."""
+
+    __slots__ = ("commit_ts", "start_ts", "producer_id", "position", "snapshot", "pump_id",
+                 "_value", "_payload", "_facts", "_source")
+
     commit_ts: int
     start_ts: int
     producer_id: str
     position: pb.Position | None
-    prewrite: pb.PrewriteValue
     snapshot: pb.SnapshotProgress | None
     pump_id: str
-    # The serialized PrewriteValue (its parts joined) and the message parsed from it: the MySQL
-    # sink decodes rows natively from these bytes (Txn.mutations). They stand for `prewrite`
-    # only while it is that very message: a Txn rebuilt with another one (the table filter's
-    # dataclasses.replace) keeps the old pair, and prewrite_bytes() serializes the new one.
-    payload: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
-    payload_of: pb.PrewriteValue | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __init__(self, commit_ts: int, start_ts: int, producer_id: str,
+                 position: pb.Position | None, prewrite: pb.PrewriteValue,
+                 snapshot: pb.SnapshotProgress | None, pump_id: str) -> None:
+        self.commit_ts, self.start_ts, self.producer_id = commit_ts, start_ts, producer_id
+        self.position, self.snapshot, self.pump_id = position, snapshot, pump_id
+        self._value: pb.PrewriteValue | None = prewrite
+        self._payload: bytes | None = None      # set: the serialized `_value` (or its source)
+        self._facts: tuple | None = None        # prewrite_facts' answer for `_payload`
+        self._source: Any = _UNSET
+
+    def with_prewrite(self, value: pb.PrewriteValue) -> Txn:
+        """The same transaction carrying another PrewriteValue (the table filter's)."""
+        return Txn(self.commit_ts, self.start_ts, self.producer_id, self.position, value,
+                   self.snapshot, self.pump_id)
+
+    @property
+    def prewrite(self) -> pb.PrewriteValue:
+        value = self._value
+        if value is None:
+            try:
+                value = _prewrite_from(self._payload)
+            except DecodeError as e:     # the join checked it: a disagreement with upb
+                raise CorruptTxn(self.pump_id, self.start_ts, self.commit_ts,
+                                 f"undecodable prewrite value: {e}") from None
+            self._value = value
+        return value
 
     @property
     def ddl(self) -> pb.DDL | None:
-        return self.prewrite.ddl if self.prewrite.HasField("ddl") else None
+        return self.prewrite.ddl if self.is_ddl else None
 
     @property
     def is_ddl(self) -> bool:
-        return self.prewrite.HasField("ddl")
+        f = self._facts
+        return f[0] if f is not None else self.prewrite.HasField("ddl")
+
+    @property
+    def has_schema_snapshots(self) -> bool:
+        f = self._facts
+        return f[1] if f is not None else bool(self.prewrite.schema_snapshots)
+
+    @property
+    def changes_schema(self) -> bool:
+        """Whether SchemaHistory.apply has anything to record (schema snapshots or a DDL)."""
+        f = self._facts
+        if f is not None:
+            return f[0] or f[1]
+        v = self.prewrite
+        return bool(v.schema_snapshots) or v.HasField("ddl")
 
     @property
     def source(self) -> pb.SourceInfo | None:
-        return self.prewrite.source if self.prewrite.HasField("source") else None
+        src = self._source
+        if src is _UNSET:
+            f = self._facts
+            if f is None:
+                v = self.prewrite
+                src = v.source if v.HasField("source") else None
+            else:
+                # checked with the value: parses (occurrences concatenated parse as the merge)
+                src = None if f[2] is None else _source_from(f[2])
+            self._source = src
+        return src
+
+    def mutation_versions(self) -> list[tuple[int, int]]:
+        """(table_id, table_version) of each TableMutation, in order."""
+        f = self._facts
+        if f is not None:
+            return [(m[0], m[3]) for m in f[4]]
+        return [(m.table_id, m.table_version) for m in self.prewrite.mutations]
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Txn:
+            return NotImplemented
+        o: Txn = other  # type: ignore[assignment]
+        return (self.commit_ts, self.start_ts, self.producer_id, self.position, self.prewrite,
+                self.snapshot, self.pump_id) == (o.commit_ts, o.start_ts, o.producer_id,
+                                                 o.position, o.prewrite, o.snapshot, o.pump_id)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"Txn(commit_ts={self.commit_ts}, start_ts={self.start_ts}, "
+                f"producer_id={self.producer_id!r}, pump_id={self.pump_id!r}, "
+                f"prewrite_bytes={len(self.prewrite_bytes())})")
 
     def rows(self, schema: SchemaLookup) -> list[RowEvent]:
         """Row events in source order; raises MissingSchema for a table unknown at commit_ts."""
@@ -186,9 +270,12 @@ class Txn:
         return out
 
     def prewrite_bytes(self) -> bytes:
-        if self.payload is not None and self.payload_of is self.prewrite:
-            return self.payload
-        return self.prewrite.SerializeToString()
+        """The serialized PrewriteValue: the joined bytes as received, else the message's."""
+        payload = self._payload
+        if payload is None:
+            assert self._value is not None
+            payload = self._payload = self._value.SerializeToString()
+        return payload
 
     def mutations(self, schema: SchemaLookup) -> tuple[bool, list[MutationSpan]]:
         """(snapshot_chunk, the mutations in source order with the byte span of each in
@@ -196,10 +283,14 @@ class Txn:
         CorruptTxn for a change lacking its image or of unknown type, in the same order."""
         payload = self.prewrite_bytes()
         commit_ts = self.commit_ts
-        try:
-            snapshot_chunk, walked = sluice_native.prewrite_mutations(payload)
-        except sluice_native.DecodeError as e:
-            raise CorruptTxn(self.pump_id, self.start_ts, commit_ts, str(e)) from None
+        facts = self._facts
+        if facts is not None:   # walked with the join
+            snapshot_chunk, walked = facts[3], facts[4]
+        else:
+            try:
+                snapshot_chunk, walked = sluice_native.prewrite_mutations(payload)
+            except sluice_native.DecodeError as e:
+                raise CorruptTxn(self.pump_id, self.start_ts, commit_ts, str(e)) from None
         out: list[MutationSpan] = []
         append = out.append
         table_at = schema.table_at
@@ -257,25 +348,29 @@ class Txn:
 
     @classmethod
     def _joined(cls, joined: tuple, pump_id: str) -> Txn:
-        """A Txn from join_binlogs/join_framed's envelope fields: the prewrite value and the
-        position/snapshot sub-messages are parsed here (upb), undecodable ones are CorruptTxn."""
-        start_ts, commit_ts, producer_id, pos, snap, payload, count, _ = joined
-        try:
-            value = _prewrite_from(payload)
-        except DecodeError as e:
+        """A Txn from join_binlogs/join_framed's fields: the position/snapshot sub-messages are
+        parsed here (upb); the prewrite value was checked by the join (its facts, or why it is
+        undecodable: CorruptTxn) and is parsed only on demand."""
+        start_ts, commit_ts, producer_id, pos, snap, payload, count, _, facts = joined
+        if facts.__class__ is str:
             raise CorruptTxn(pump_id, start_ts, commit_ts,
-                             f"undecodable prewrite value ({count} part(s)): {e}") from None
+                             f"undecodable prewrite value ({count} part(s)): {facts}")
         try:
             position = None if pos is None else _position_from(pos)
             snapshot = None if snap is None else _snapshot_from(snap)
         except DecodeError as e:
             raise CorruptTxn(pump_id, start_ts, commit_ts,
                              f"undecodable position or snapshot of a binlog: {e}") from None
-        return cls(commit_ts, start_ts, producer_id, position, value, snapshot, pump_id, payload,
-                   value)
+        txn = _new_txn(cls)
+        txn.commit_ts, txn.start_ts, txn.producer_id = commit_ts, start_ts, producer_id
+        txn.position, txn.snapshot, txn.pump_id = position, snapshot, pump_id
+        txn._value, txn._payload, txn._facts, txn._source = None, payload, facts, _UNSET
+        return txn
 
 
+_new_txn = object.__new__
 _prewrite_from = pb.PrewriteValue.FromString
+_source_from = pb.SourceInfo.FromString
 _position_from = pb.Position.FromString
 _snapshot_from = pb.SnapshotProgress.FromString
 

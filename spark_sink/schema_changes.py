@@ -73,12 +73,14 @@ class SchemaChanges:
     """Per-table DDL/schema handling and row buffering; mixed into SparkSink (moved verbatim)."""
 
     def _changes_schema(self, txn: Txn) -> bool:
-        pv = txn.prewrite
-        if pv.HasField("ddl"):
+        # The facts the join read (Txn.is_ddl, has_schema_snapshots, mutation_versions): the
+        # PrewriteValue is parsed only for a transaction that does change a schema.
+        if txn.is_ddl:
             return True
-        for info in pv.schema_snapshots:
-            if self._newer(info.table_id, info.version):
-                return True
+        if txn.has_schema_snapshots:
+            for info in txn.prewrite.schema_snapshots:
+                if self._newer(info.table_id, info.version):
+                    return True
         return bool(self._unshaped(txn))
 
     def _newer(self, table_id: int, version: int) -> bool:
@@ -90,11 +92,12 @@ class SchemaChanges:
         table first met through its rows (the drainer started after its schema binlog), or rows
         of a version newer than the sink's."""
         out = []
-        for m in txn.prewrite.mutations:
-            st = self._states.get(m.table_id)
-            if st is not None and not st.dropped and (not m.table_version or m.table_version <= st.version):
+        states = self._states
+        for table_id, version in txn.mutation_versions():
+            st = states.get(table_id)
+            if st is not None and not st.dropped and (not version or version <= st.version):
                 continue
-            info = self._schema.table_at(m.table_id, txn.commit_ts)
+            info = self._schema.table_at(table_id, txn.commit_ts)
             if info is not None and self._newer(info.table_id, info.version) and not (
                     st is not None and st.skipped):
                 out.append(info)

@@ -306,7 +306,7 @@ class FileSink(Sink):
                     "gtid": gtid, "file": file, "pos": offset, "server_id": server_id, "row": row}
 
         lines: list[str] = []
-        for info in txn.prewrite.schema_snapshots:
+        for info in (txn.prewrite.schema_snapshots if txn.has_schema_snapshots else ()):
             lines.append(_encode({
                 "source": source(info.schema_name, info.table_name, "true", 0),
                 "databaseName": info.schema_name, "ddl": "",

@@ -148,7 +148,7 @@ class GrpcSink(ServingSink):
         raw = []
         for t in batch:
             pre = pb.Binlog(tp=pb.PREWRITE, start_ts=t.start_ts, producer_id=t.producer_id,
-                            prewrite_value=t.prewrite.SerializeToString())
+                            prewrite_value=t.prewrite_bytes())
             com = pb.Binlog(tp=pb.COMMIT, start_ts=t.start_ts, commit_ts=t.commit_ts,
                             producer_id=t.producer_id)
             if t.position is not None:

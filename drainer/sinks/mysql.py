@@ -212,7 +212,7 @@ class MySQLSink(_Apply, Sink):
                 for txn in batch:
                     if txn.commit_ts <= self._skip_upto:
                         continue
-                    if create and txn.prewrite.schema_snapshots:
+                    if create and txn.has_schema_snapshots:
                         declared = self._missing(txn.commit_ts, txn.prewrite.schema_snapshots, after_ddl)
                         if declared is not None:
                             work.append(declared)

@@ -123,6 +123,215 @@ pub fn prewrite_mutations<'py>(py: Python<'py>, payload: &Bound<'py, PyBytes>) -
     Ok((snapshot_chunk, out))
 }
 
+// ------------------------------------------------------------------------------------------------
+// the check: a whole PrewriteValue as upb parses it, and the facts the drainer's hot paths need
+// ------------------------------------------------------------------------------------------------
+
+// The messages of a PrewriteValue (proto/sluice.proto), for `ld`.
+const M_PV: u8 = 0;
+const M_TM: u8 = 1;
+const M_RC: u8 = 2;
+const M_ROW: u8 = 3;
+const M_DATUM: u8 = 4;
+const M_DT: u8 = 5;
+const M_TIME: u8 = 6;
+const M_DDL: u8 = 7;
+const M_TI: u8 = 8;
+const M_CI: u8 = 9;
+const M_II: u8 = 10;
+const M_SI: u8 = 11;
+
+enum Ld {
+    Other,
+    Str,
+    Msg(u8),
+}
+
+/// What a length-delimited field of message `m` is: a proto3 string (upb refuses bad UTF-8), a
+/// sub-message, or bytes / unknown (taken as is).
+fn ld(m: u8, f: u64) -> Ld {
+    match (m, f) {
+        (M_PV, 2) => Ld::Msg(M_TM),
+        (M_PV, 3) => Ld::Msg(M_DDL),
+        (M_PV, 4) => Ld::Msg(M_TI),
+        (M_PV, 5) => Ld::Msg(M_SI),
+        (M_TM, 2 | 3) => Ld::Str,
+        (M_TM, 5) => Ld::Msg(M_RC),
+        (M_RC, 2 | 3) => Ld::Msg(M_ROW),
+        (M_ROW, 1) => Ld::Msg(M_DATUM),
+        (M_DATUM, 5 | 7 | 10) => Ld::Str,
+        (M_DATUM, 8) => Ld::Msg(M_DT),
+        (M_DATUM, 9) => Ld::Msg(M_TIME),
+        (M_DDL, 2 | 3 | 4 | 6 | 7) => Ld::Str,
+        (M_DDL, 5) => Ld::Msg(M_TI),
+        (M_TI, 2 | 3 | 7 | 8 | 9) => Ld::Str,
+        (M_TI, 5) => Ld::Msg(M_CI),
+        (M_TI, 6) => Ld::Msg(M_II),
+        (M_CI, 1 | 2 | 3 | 9 | 10 | 13 | 14) => Ld::Str,
+        (M_II, 1 | 2) => Ld::Str,
+        (M_SI, 1 | 3 | 4) => Ld::Str,
+        _ => Ld::Other,
+    }
+}
+
+/// The check's reader: one-byte varints (nearly every tag and length) read inline, the rest by
+/// `Rd`; tags as upb reads them (at most 5 bytes, within 32 bits).
+struct Ck<'a> {
+    b: &'a [u8],
+    p: usize,
+    end: usize,
+}
+
+impl<'a> Ck<'a> {
+    #[inline(always)]
+    fn varint(&mut self) -> WireResult<u64> {
+        let b = &self.b[..self.end];
+        let p = self.p;
+        if p + 1 < b.len() || p < b.len() && b[p] < 0x80 {
+            let x = b[p];
+            if x < 0x80 {
+                self.p = p + 1;
+                return Ok(x as u64);
+            }
+            let y = b[p + 1];
+            if y < 0x80 {
+                self.p = p + 2;
+                return Ok((x & 0x7F) as u64 | (y as u64) << 7);
+            }
+        }
+        let mut r = Rd::new(self.b, self.p, self.end);
+        let v = r.varint()?;
+        self.p = r.p;
+        Ok(v)
+    }
+
+    #[inline(always)]
+    fn tag(&mut self) -> WireResult<(u64, u8)> {
+        let at = self.p;
+        let t = self.varint()?;
+        if self.p - at > 5 || t > u32::MAX as u64 {
+            return Err(format!("tag at byte {at} beyond 32 bits"));
+        }
+        if t >> 3 == 0 {
+            return Err(format!("field number 0 at byte {at}"));
+        }
+        Ok((t >> 3, (t & 7) as u8))
+    }
+
+    #[inline(always)]
+    fn span(&mut self) -> WireResult<(usize, usize)> {
+        let at = self.p;
+        let n = self.varint()?;
+        if n > (self.end - self.p) as u64 {
+            return Err(format!("length {n} at byte {at} runs past the end of its message (byte {})", self.end));
+        }
+        let s = self.p;
+        self.p += n as usize;
+        Ok((s, self.p))
+    }
+
+    /// Skip a field that is not checked further; groups nest at most 100 deep counting the
+    /// messages around them (upb's limit).
+    fn skip(&mut self, w: u8, f: u64, depth: u32) -> WireResult<()> {
+        match w {
+            0 => self.varint().map(|_| ()),
+            2 => self.span().map(|_| ()),
+            1 | 5 => {
+                let n = if w == 1 { 8 } else { 4 };
+                if self.end - self.p < n {
+                    return Err(format!("truncated fixed{} at byte {}", n * 8, self.p));
+                }
+                self.p += n;
+                Ok(())
+            }
+            3 => {
+                if depth >= 100 {
+                    return Err(format!("groups nested deeper than 100 at byte {}", self.p));
+                }
+                loop {
+                    if self.p >= self.end {
+                        return Err(format!("unterminated group {f} at byte {}", self.p));
+                    }
+                    let (g, gw) = self.tag()?;
+                    if gw == 4 {
+                        if g != f {
+                            return Err(format!("group {f} closed by end tag {g} at byte {}", self.p));
+                        }
+                        return Ok(());
+                    }
+                    self.skip(gw, g, depth + 1)?;
+                }
+            }
+            _ => Err(format!("wire type {w} of field {f} at byte {}", self.p)),
+        }
+    }
+
+    /// The field whose tag was just read: a string's UTF-8, a sub-message whole, else skipped.
+    #[inline(always)]
+    fn field(&mut self, m: u8, f: u64, w: u8, depth: u32) -> WireResult<()> {
+        if w != 2 {
+            return self.skip(w, f, depth);
+        }
+        let (a, z) = self.span()?;
+        match ld(m, f) {
+            Ld::Str => std::str::from_utf8(&self.b[a..z]).map(|_| ()).map_err(|e| {
+                format!("string field {f} at byte {a} is not UTF-8 (invalid byte at {})", a + e.valid_up_to())
+            }),
+            Ld::Msg(sub) => check(self.b, sub, a, z, depth + 1),
+            Ld::Other => Ok(()),
+        }
+    }
+}
+
+/// Message `m` at `b[s..e]` and everything in it is what upb's parse accepts: wire format,
+/// UTF-8 strings, nesting.
+fn check(b: &[u8], m: u8, s: usize, e: usize, depth: u32) -> WireResult<()> {
+    let mut r = Ck { b, p: s, end: e };
+    while r.p < r.end {
+        let (f, w) = r.tag()?;
+        r.field(m, f, w, depth)?;
+    }
+    Ok(())
+}
+
+/// A joined PrewriteValue checked whole, as upb's parse would (so an undecodable one is refused
+/// where the transaction is joined), and in the same walk what the drainer's hot paths read
+/// without parsing it: `(has_ddl, has_schema_snapshots, source, snapshot_chunk, mutations)`:
+/// `source` the SourceInfo's bytes (occurrences concatenated: they parse as the merge) or None,
+/// `mutations` exactly `prewrite_mutations`' list. Err: why the value is undecodable.
+pub(crate) fn prewrite_facts<'py>(py: Python<'py>, b: &[u8]) -> PyResult<Result<Bound<'py, PyTuple>, String>> {
+    let out = PyList::empty(py);
+    let (mut has_ddl, mut has_snapshots, mut snapshot_chunk) = (false, false, false);
+    let mut source: Option<Vec<u8>> = None;
+    let mut r = Ck { b, p: 0, end: b.len() };
+    while r.p < r.end {
+        let (f, w) = match r.tag() {
+            Ok(t) => t,
+            Err(e) => return Ok(Err(e)),
+        };
+        let at = r.p;
+        if let Err(e) = r.field(M_PV, f, w, 0) {
+            return Ok(Err(e));
+        }
+        match (f, w) {
+            (2, 2) => {
+                let (s, e) = Rd::new(b, at, r.p).span().expect("checked");
+                out.append(mutation_entry(py, b, s, e)?)?;
+            }
+            (3, 2) => has_ddl = true,
+            (4, 2) => has_snapshots = true,
+            (5, 2) => {
+                let v = Rd::new(b, at, r.p).bytes().expect("checked");
+                source.get_or_insert_with(Vec::new).extend_from_slice(v);
+            }
+            (6, 0) => snapshot_chunk = Rd::new(b, at, r.p).varint().expect("checked") != 0,
+            _ => {}
+        }
+    }
+    let source = source.map(|v| PyBytes::new(py, &v).into_any()).unwrap_or_else(|| py.None().into_bound(py));
+    Ok(Ok((has_ddl, has_snapshots, source, snapshot_chunk, out).into_pyobject(py)?))
+}
+
 fn mutation_entry<'py>(py: Python<'py>, b: &[u8], start: usize, end: usize) -> PyResult<Bound<'py, PyTuple>> {
     let what = "table mutation";
     let mut r = Rd::new(b, start, end);

@@ -12,6 +12,10 @@
 //!   COMMIT (the last framed binlog) joined with its PREWRITE part(s) in part order. `position`
 //!   and `snapshot` are the serialized sub-messages (the COMMIT's, else the first part's; None
 //!   when neither has one), `prewrite_value` the parts' values joined; Python parses those.
+//!   A ninth field, `facts`: the prewrite value checked whole in the same call (prewrite.rs's
+//!   `prewrite_facts`: what upb's parse would refuse) -> `(has_ddl, has_schema_snapshots,
+//!   source bytes or None, snapshot_chunk, prewrite_mutations' list)`, or the text saying why it
+//!   is undecodable (Python makes that CorruptTxn; the drainer parses the message only on demand).
 //!
 //! Every check of the former Python join, in the same order and with the same reason text, raises
 //! `TxnError(start_ts, commit_ts, reason)` (None where not known yet); Python makes it
@@ -111,7 +115,7 @@ fn parse_binlog(b: &[u8]) -> Result<Binlog<'_>, String> {
     Ok(out)
 }
 
-type Joined = (i64, i64, String, Option<Py<PyBytes>>, Option<Py<PyBytes>>, Py<PyBytes>, u32, usize);
+type Joined = (i64, i64, String, Option<Py<PyBytes>>, Option<Py<PyBytes>>, Py<PyBytes>, u32, usize, Py<PyAny>);
 
 fn err(start_ts: Option<i64>, commit_ts: Option<i64>, reason: String) -> PyErr {
     TxnError::new_err((start_ts, commit_ts, reason))
@@ -180,7 +184,13 @@ fn join(py: Python<'_>, prewrites: &[&[u8]], commit: &[u8], nbinlogs: usize) -> 
     let position = c.position.as_ref().or(first.position.as_ref()).map(|v| PyBytes::new(py, v).unbind());
     let snapshot = c.snapshot.as_ref().or(first.snapshot.as_ref()).map(|v| PyBytes::new(py, v).unbind());
     let producer = if c.producer_id.is_empty() { first.producer_id } else { c.producer_id };
-    Ok((st, ct, producer.to_owned(), position, snapshot, payload.unbind(), count, nbinlogs))
+    // the value checked and its facts read in one walk (prewrite.rs); a refusal is the facts'
+    // place's text, so the join itself still answers as the former one did
+    let facts = match crate::prewrite::prewrite_facts(py, payload.as_bytes())? {
+        Ok(t) => t.into_any().unbind(),
+        Err(why) => why.into_pyobject(py)?.into_any().unbind(),
+    };
+    Ok((st, ct, producer.to_owned(), position, snapshot, payload.unbind(), count, nbinlogs, facts))
 }
 
 /// The binlogs of a framed transaction (DrainerPullResp field 1), in order.

@@ -401,17 +401,32 @@ def test_status_lifecycle_online_pause_resume_offline(
     w.close()
 
 
+def _deep_bad_value() -> bytes:
+    """Well-formed wire whose row text is not UTF-8: only a check of the whole value at the
+    join (or a full parse) refuses it, the drainer's lazily parsed PrewriteValue included."""
+    raw = pb.PrewriteValue(mutations=[pb.TableMutation(
+        table_id=1, schema_name="corrupt", table_name="t",
+        changes=[pb.RowChange(tp=pb.INSERT, after=pb.Row(columns=[pb.Datum(str="x")]))])]
+    ).SerializeToString()
+    assert raw.count(b"\x3a\x01x") == 1     # Datum.str = "x"
+    return raw.replace(b"\x3a\x01x", b"\x3a\x01\xff")
+
+
+@pytest.mark.parametrize("value, name", [(b"\xff\xff\xff\xff not a PrewriteValue", "d-corrupt"),
+                                         (_deep_bad_value(), "d-corrupt-deep")],
+                         ids=["wire", "deep-utf8"])
 def test_undecodable_payload_stops_the_drainer_naming_pump_and_commit_ts(
-        cluster: Cluster, retired: list[str], registry: Registry) -> None:
+        cluster: Cluster, retired: list[str], registry: Registry, value: bytes, name: str) -> None:
     """A transaction whose binlogs cannot be decoded is never skipped silently: the drainer
     stops naming the pump and commit_ts, with everything before it applied and nothing of it
     written; with skip-corrupt = true it drops it and goes on. (Pumps now refuse prewrite values
     that do not decode, so the undecodable one is put into pump-2's storage directly, as data
-    stored by a release before that check.)"""
+    stored by a release before that check.) A value broken deep inside (a row's text) stops
+    the drainer at the same point: the join checks the whole value though it parses it lazily."""
     from sluice.pump.storage.storage import Storage
     t0 = fresh_ts(cluster)
-    w = writer_for(cluster, "corrupt", seed=9)
-    retired.append("d-corrupt")
+    w = writer_for(cluster, name.removeprefix("d-").replace("-", "_"), seed=9)
+    retired.append(name)
     w.declare("pump-1")
     w.write(20, ["pump-1"], group=20)
     pump2 = cluster.pumps["pump-2"]
@@ -420,20 +435,20 @@ def test_undecodable_payload_stops_the_drainer_naming_pump_and_commit_ts(
     s = w.ts.get()
     c = w.ts.get()
     with Storage.open(pump2.data_dir) as st:
-        st.write_blocking([prewrite(s, b"\xff\xff\xff\xff not a PrewriteValue"), commit(s, c)])
+        st.write_blocking([prewrite(s, value), commit(s, c)])
     cluster.start_pump("pump-2")
     good_before = list(w.acked)
     w.write(20, ["pump-1"], group=20)
-    d = cluster.start_drainer("d-corrupt", wait_online=False, **{"initial-commit-ts": t0})
-    wait_until(lambda: not d.proc.alive(), 20, what="d-corrupt to stop")
+    d = cluster.start_drainer(name, wait_online=False, **{"initial-commit-ts": t0})
+    wait_until(lambda: not d.proc.alive(), 20, what=f"{name} to stop")
     assert d.proc.popen.returncode == 1
     text = d.proc.log_text()
     assert f"corrupt transaction from pump pump-2 (start_ts {s}, commit_ts {c})" in text
     check_exactly_once(d.out_dir, good_before)
-    assert max(sink_commit_ts(cluster, "d-corrupt")) < c
-    assert read_checkpoint(registry, "d-corrupt").commit_ts < c
-    d = cluster.start_drainer("d-corrupt", **{"skip-corrupt": True})
-    wait_sink_has(cluster, "d-corrupt", w)
+    assert max(sink_commit_ts(cluster, name)) < c
+    assert read_checkpoint(registry, name).commit_ts < c
+    d = cluster.start_drainer(name, **{"skip-corrupt": True})
+    wait_sink_has(cluster, name, w)
     got = check_exactly_once(d.out_dir, w.acked)
     assert c not in {t["commit_ts"] for t in got}
     w.close()

@@ -83,7 +83,25 @@ def py_from_framed(framed: bytes, pump_id: str, commit_ts: int | None = None) ->
     """The former syncer step: unframe, then join (the prewrite value parsed by upb)."""
     payload = py_unframe(framed, pump_id, commit_ts)
     joined = py_join(payload[:-1], payload[-1], pump_id)
-    return Txn._joined(joined, pump_id), len(payload)
+    return py_txn(joined, pump_id), len(payload)
+
+
+def py_txn(joined: tuple, pump_id: str) -> Txn:
+    """The former Txn._joined: the prewrite value parsed by upb at the join (a DecodeError is
+    CorruptTxn), then the position and snapshot."""
+    start_ts, commit_ts, producer_id, pos, snap, payload, count = joined[:7]
+    try:
+        value = pb.PrewriteValue.FromString(payload)
+    except DecodeError as e:
+        raise CorruptTxn(pump_id, start_ts, commit_ts,
+                         f"undecodable prewrite value ({count} part(s)): {e}") from None
+    try:
+        position = None if pos is None else pb.Position.FromString(pos)
+        snapshot = None if snap is None else pb.SnapshotProgress.FromString(snap)
+    except DecodeError as e:
+        raise CorruptTxn(pump_id, start_ts, commit_ts,
+                         f"undecodable position or snapshot of a binlog: {e}") from None
+    return Txn(commit_ts, start_ts, producer_id, position, value, snapshot, pump_id)
 
 
 def _name(tp: int) -> str:
