@@ -261,7 +261,7 @@ class Translator:
         insert_kind = UPSERT if snapshot_chunk else INSERT
         by_info = self._by_info
         for m in mutations:
-            info, name, table, payload, start, end = m
+            info, name, table, payload, start, end, _ = m
             hit = by_info.get(id(info))
             # The cached TableInfo object is kept alive in the entry, so its id cannot be reused.
             if hit is not None and hit[0] is info and hit[1] == name and hit[2] == table:

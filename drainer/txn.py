@@ -97,7 +97,8 @@ class RowEvent:
 
 class MutationSpan(NamedTuple):
     """One TableMutation of a transaction: its table shape at commit_ts, its names, and where
-    its bytes are (`payload[start:end]`, the TableMutation body) for the native decoder."""
+    its bytes are (`payload[start:end]`, the TableMutation body) for the native decoder, and
+    its number of row changes."""
 
     info: pb.TableInfo
     schema: str
@@ -105,6 +106,7 @@ class MutationSpan(NamedTuple):
     payload: bytes
     start: int
     end: int
+    count: int
 
 
 _span = tuple.__new__
@@ -316,7 +318,8 @@ class Txn:
                 raise self._lacks(seq + index, table_id, op, image)
             # tuple.__new__ directly: the NamedTuple's own __new__ is a Python frame per mutation.
             append(_span(MutationSpan, (info, info.schema_name or schema_name,
-                                        info.table_name or table_name, payload, start, end)))
+                                        info.table_name or table_name, payload, start, end,
+                                        count)))
             seq += count
         return snapshot_chunk, out
 

@@ -347,7 +347,7 @@ class SchemaChanges:
                 tid = info.table_id
                 st = states.get(tid)
                 if st is None or st.dropped or st.skipped:
-                    changes = len(txn.prewrite.mutations[i].changes)
+                    changes = m.count
                     if st is not None and st.skipped or not changes:
                         # on-unmappable = skip-table: its changes still count in the rows' _seq
                         seq += changes
