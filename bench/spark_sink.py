@@ -271,6 +271,8 @@ def main() -> None:
                     help="how the sink keeps a keyed current table in the first part (comma-"
                          f"separated, alternating: {', '.join(ALL_METHODS)}; `<method>/spark`: "
                          "every write through Spark, the path before direct writes)")
+    ap.add_argument("--gc", default="drainer", choices=("drainer", "default"),
+                    help="the process's cyclic GC: as the drainer sets it (default) or Python's")
     args = ap.parse_args()
     global WRITE_MODE
     WRITE_MODE = args.write_mode
@@ -279,7 +281,8 @@ def main() -> None:
     warehouse = work / "warehouse"
     cfg = config(warehouse, "warm", args.batch_rows)
     spark = session(cfg)
-    tune_gc()   # the drainer process's GC setting (drainer/main.py), under which the sink runs
+    if args.gc == "drainer":
+        tune_gc()   # the drainer process's GC setting (drainer/main.py), under which the sink runs
     try:
         log("warm-up")
         txns, wl, schema = workload(3000, 1)
@@ -317,7 +320,7 @@ def main() -> None:
         mb = statistics.median(base)
         print(f"\nSpark sink into Iceberg — {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} "
               f"UTC, {os.cpu_count()} cores, {platform.python_version()}, load {load()}")
-        print(f"{rows} changelog rows per round, batch-rows {args.batch_rows}, median of {args.repeat}")
+        print(f"{rows} changelog rows per round, batch-rows {args.batch_rows}, median of {args.repeat}, gc {args.gc}")
         print("| what | rows/s | ratio (goal >= 0.8x) | load (1 min) per round |\n|---|---|---|---|")
         print(f"| baseline: createDataFrame(arrow).writeTo().append() | {mb:,.0f} | 1 | "
               f"{', '.join(f'{x:.1f}' for x in base_loads)} |")
