@@ -12,6 +12,8 @@ their N commits in one call (a capture group reaches the pump as one WriteBinlog
 
 With `--rate R` each group writer starts at most R groups per second (a bounded rate, as the e2e
 runs at 40-60% of native: the capture's groups of ~140 at ~13 groups/s).
+With `--positions` every binlog of a group carries a source position, as the capture's do (the
+pump records the producer's progress from the commits).
 With `--count` the pump runs with bench/loopcount/ on its PYTHONPATH and the phase reports, per
 group (a prewrite call and its commit call), the event-loop callbacks by function, the hand-offs
 between threads and the loop, and the responses each follower got; with `--strace` the phase runs
@@ -24,7 +26,14 @@ alternating, each on a fresh pump; it reports the medians of CPU per binlog and 
 (a prewrite and its commit) and new / old, with the load average of each run.
 Usage: .venv/bin/python bench/pump_write.py [--seconds 10] [--writers 64] [--skip-redis]
        [--followers 2] [--group 50 [--rate 13]] [--count | --strace]
-       [--baseline HEAD~3 --rounds 3]
+       [--baseline HEAD~3 --rounds 3] [--positions]
+       [--baseline HEAD~1 --rounds 6 --group 84 --committer 150]
+
+With `--committer GROUPS` (and `--baseline`, `--group`) only the storage committer is measured,
+in process: GROUPS capture-shaped groups (positions on, values decoded by an admission check)
+through `Storage.write_blocking`, old tree and this one alternating in fresh processes; it
+reports the committer thread's CPU per binlog (staging, persisting, the fsync calls), which the
+pump's gRPC and loop work would otherwise drown on a shared machine.
 """
 from __future__ import annotations
 
@@ -122,8 +131,8 @@ async def redis_run(port: int, writers: int, seconds: float, pipeline: int) -> t
     return rate, lat
 
 
-async def pump_run(addr: str, writers: int, seconds: float, group: int = 0, rate: float = 0
-                   ) -> tuple[float, list[float], int, int]:
+async def pump_run(addr: str, writers: int, seconds: float, group: int = 0, rate: float = 0,
+                   positions: bool = False) -> tuple[float, list[float], int, int]:
     channel = grpcutil.aio_channel(addr)
     batcher = WriteBatcher(channel, CLUSTER_ID, max_batch=512, max_inflight=2)
     counter = ts.now_ts() + (1 << 30)
@@ -148,15 +157,16 @@ async def pump_run(addr: str, writers: int, seconds: float, group: int = 0, rate
                 if delay > 0:
                     await asyncio.sleep(delay)
             starts = [next_ts() for _ in range(group)]
+            pos = [position_of(s) if positions else None for s in starts]
             t0 = time.monotonic()
             await batcher.write_many([pb.Binlog(
-                tp=pb.PREWRITE, start_ts=s, prewrite_value=PAYLOAD,
-                producer_id="bench").SerializeToString() for s in starts])
+                tp=pb.PREWRITE, start_ts=s, prewrite_value=PAYLOAD, producer_id="bench",
+                position=p).SerializeToString() for s, p in zip(starts, pos)])
             lat.append(time.monotonic() - t0)
             t0 = time.monotonic()
             await batcher.write_many([pb.Binlog(
-                tp=pb.COMMIT, start_ts=s, commit_ts=next_ts(),
-                producer_id="bench").SerializeToString() for s in starts])
+                tp=pb.COMMIT, start_ts=s, commit_ts=next_ts(), producer_id="bench",
+                position=p).SerializeToString() for s, p in zip(starts, pos)])
             lat.append(time.monotonic() - t0)
             count += 2 * group
             groups += 1
@@ -181,6 +191,12 @@ async def pump_run(addr: str, writers: int, seconds: float, group: int = 0, rate
     await batcher.close()
     await channel.close()
     return count / (time.monotonic() - t0), lat, rpcs, groups
+
+
+def position_of(n: int) -> pb.Position:
+    """A source position like the capture's (MariaDB GTID, file and offset) for `--positions`."""
+    return pb.Position(file_seq=42, offset=n % (1 << 30), file_name="mysql-bin.000042",
+                       gtids=[pb.GtidPos(domain_id=0, server_id=1, seq_no=n)], ts_ms=n >> 18)
 
 
 def follow(addr: str, stop: threading.Event, counts: list[int], msgs: list[int], k: int,
@@ -249,7 +265,7 @@ def write_phase(addr: str, pid: int, args: argparse.Namespace) -> WritePhase:
     counts0 = read_loop_counts(args)
     cpu0, sys0, th0 = proc_cpu(pid), proc_cpu(pid, system_only=True), thread_cpu(pid)
     rate, lat, rpcs, groups = asyncio.run(pump_run(addr, args.writers, args.seconds, args.group,
-                                                   args.rate))
+                                                   args.rate, args.positions))
     time.sleep(0.5 if args.count else 0)   # the pump's counts file is rewritten every 0.2 s
     loop_counts = None
     if args.count:
@@ -423,6 +439,72 @@ def raw_read(data_dir: Path) -> tuple[float, float, int]:
     return n / dt, size / dt / 1e6, n
 
 
+def committer_probe(group: int, groups: int) -> None:
+    """In this process (no gRPC): `groups` capture-shaped groups (G prewrites with positions
+    through an admission that decodes every value, then their G commits) through
+    `Storage.write_blocking`; prints the committer thread's CPU µs per binlog as JSON."""
+    from sluice.client import binlogs
+    from sluice.pump.admission import ProducerAdmission
+    from sluice.pump.storage.storage import Storage
+
+    class Admit:
+        def check(self, producer_id: str) -> None:
+            pass
+        check_value = staticmethod(ProducerAdmission.check_value)
+
+    work = Path(tempfile.mkdtemp(prefix="sluice-bench-committer-"))
+    try:
+        st = Storage.open(work / "pump")
+        st.admission = Admit()
+        tid = st._committer._thread.native_id
+
+        def cpu() -> float:
+            f = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        ident = binlogs.identity("bench", 1)
+        start = ts.now_ts()
+        c0, n = cpu(), 0
+        for _ in range(groups):
+            pre = [binlogs.prewrite(start + i, PAYLOAD, binlogs.tail(
+                ident, position_of(start + i).SerializeToString(), None, 1)) for i in range(group)]
+            st.write_blocking([p.raw for p in pre])
+            st.write_blocking([binlogs.commit_of(p, start + group + i).raw
+                               for i, p in enumerate(pre)])
+            start += 2 * group + 1
+            n += 2 * group
+        print(json.dumps({"us": (cpu() - c0) / n * 1e6}))
+        st.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def compare_committer(args: argparse.Namespace) -> None:
+    """`--committer`: the storage committer alone, old tree and this one alternating, each in a
+    fresh process (`committer_probe`); medians of `--rounds`."""
+    work = Path(tempfile.mkdtemp(prefix="sluice-bench-committer-cmp-"))
+    try:
+        base_root = export_tree(args.baseline, work)
+        runs: dict[str, list[float]] = {"old": [], "new": []}
+        for k in range(args.rounds):
+            for which in (("old", "new") if k % 2 == 0 else ("new", "old")):
+                env = dict(os.environ)
+                if which == "old":
+                    env["PYTHONPATH"] = str(base_root)
+                load = loadavg()
+                out = subprocess.run([sys.executable, __file__, "--committer-probe", "--group",
+                                      str(args.group), "--rounds", str(args.committer)],
+                                     env=env, check=True, capture_output=True, text=True).stdout
+                us = json.loads(out.splitlines()[-1])["us"]
+                runs[which].append(us)
+                print(f"  {which} #{k}: committer {us:.2f} µs CPU per binlog (load {load})",
+                      flush=True)
+        med = {w: statistics.median(v) for w, v in runs.items()}
+        print(f"committer µs CPU per binlog, medians of {args.rounds}: old ({args.baseline}) "
+              f"{med['old']:.2f}, new {med['new']:.2f}, new / old {med['new'] / med['old']:.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10)
@@ -438,11 +520,23 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="runs of each pump with --baseline")
     ap.add_argument("--rate", type=float, default=0,
                     help="with --group: at most this many groups per second per writer")
+    ap.add_argument("--positions", action="store_true",
+                    help="group binlogs carry a source position, as the capture's do")
     ap.add_argument("--count", action="store_true",
                     help="count the pump's event-loop callbacks and thread hand-offs per group")
     ap.add_argument("--strace", action="store_true",
                     help="count the pump's system calls per group (strace -c -f)")
+    ap.add_argument("--committer", type=int, default=0, metavar="GROUPS",
+                    help="with --baseline and --group: the storage committer alone, in process, "
+                         "GROUPS capture-shaped groups per run (no gRPC, no pump process)")
+    ap.add_argument("--committer-probe", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.committer_probe:
+        committer_probe(args.group, args.rounds)
+        return 0
+    if args.committer:
+        compare_committer(args)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-pump-"))
     args.count_file = str(work / "loopcount.json")
     etcd = EtcdServer(work / "etcd").start()

@@ -12,6 +12,10 @@ from .records import PartLoc, Stage, SchemaPin
 from .sorter import Pending
 from .state import StoreState
 
+# Builds a named tuple without the Python-level `__new__` its class defines (one frame per call,
+# once per prewrite here): every field is given, in order.
+_tuple_new = tuple.__new__
+
 
 def persist(state: StoreState, grp: Stage) -> int:
     """Write `grp` durably and apply it to `state`; returns the new served watermark."""
@@ -128,9 +132,15 @@ def persist(state: StoreState, grp: Stage) -> int:
             if segs:
                 # Built directly, not by `_replace` (once per prewrite: see records.py).
                 start_ts, part_count, parts, producer_id, since, old, tables, _ = p
-                p = Pending(start_ts, part_count, parts, producer_id, since, old.union(segs),
-                            tables, part_locs[start_ts] if part_count == 1 else None)
+                p = _tuple_new(Pending, (start_ts, part_count, parts, producer_id, since,
+                                         old.union(segs), tables,
+                                         part_locs[start_ts] if part_count == 1 else None))
             sorter.put(p)
+    # Every `s` key of the group is under a start_ts in grp.pending, every `t` key in grp.txn.
+    if grp.pending:
+        state.max_start_ts = max(state.max_start_ts, max(grp.pending))
+    if grp.txn:
+        state.max_start_ts = max(state.max_start_ts, max(grp.txn))
     sorter.observe(max_ts)
     state.served = sorter.advance()
     return state.served

@@ -87,7 +87,7 @@ class Stage:
     """Changes staged by one request (or merged for a whole group), not yet durable."""
 
     __slots__ = ("keys", "txn", "pending", "producers", "records", "crcs", "meta", "commits",
-                 "max_ts")
+                 "max_ts", "progress")
 
     def __init__(self) -> None:
         self.keys: dict[bytes, bytes] = {}                   # new entry key -> payload hash
@@ -99,6 +99,9 @@ class Stage:
         self.meta: list[RecordMeta] = []                     # one per record
         self.commits: list[StagedCommit] = []
         self.max_ts = 0
+        # (producer_id, True: position / False: snapshot) -> the last staged COMMIT carrying
+        # it; folded into `producers` at the end of the request (Stager._record_progress)
+        self.progress: dict[tuple[str, bool], pb.Binlog] = {}
 
     def add(self, payload: bytes, crc: int, meta: RecordMeta) -> None:
         self.keys[meta[0]] = meta[1]

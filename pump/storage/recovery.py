@@ -83,10 +83,22 @@ def recover(state: StoreState) -> None:
                 p = p._replace(loc=(seg, off, length))
         state.sorter.put(p)
     state.served = state.sorter.advance()
+    state.max_start_ts = max_stored_start_ts(db)
     log.info("storage %s open: vlog end %s:%d (%d bytes of unacknowledged tail dropped), "
              "served watermark %d, %d unresolved prewrites, gc ts %d", state.data_dir,
              end.segment, end.offset, dropped, state.served, len(state.sorter.pending),
              state.gc_ts)
+
+
+def max_stored_start_ts(db: plyvel.DB) -> int:
+    """The highest start_ts of any `s` (prewrite part, rollback) or `t` (resolution) entry; 0
+    when there is none. Keys sort by start_ts big-endian: the last key of each keyspace."""
+    out = 0
+    for prefix in (ix.S, ix.T):
+        key = next(db.iterator(prefix=prefix, reverse=True, include_value=False), None)
+        if key is not None:
+            out = max(out, ix.parse_ts_key(key))
+    return out
 
 
 def _recover_pins(state: StoreState) -> dict[int, tuple[SchemaPin, ...]]:

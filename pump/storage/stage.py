@@ -36,6 +36,10 @@ _PREWRITE, _COMMIT, _ROLLBACK, _FAKE = pb.PREWRITE, pb.COMMIT, pb.ROLLBACK, pb.F
 _COMMITTED, _ROLLED_BACK = pb.TXN_COMMITTED, pb.TXN_ROLLED_BACK
 _HASH = struct.Struct(">II")
 _crc32c = google_crc32c.value
+# Builds a named tuple without the Python-level `__new__` its class defines (one frame per call,
+# once per prewrite here): every field is given, in order.
+_tuple_new = tuple.__new__
+_NO_SEGMENTS: frozenset[int] = frozenset()
 _from_string = pb.Binlog.FromString
 
 # (read(offset, n), length) of one part's serialized Binlog
@@ -77,9 +81,12 @@ class Stager:
         rec = st.producers.get(pid) or grp.producers.get(pid) or self.state.producers.get(pid)
         return rec if rec is not None else NO_PRODUCER
 
-    def _key_hash(self, st: Stage, grp: Stage, key: bytes) -> bytes | None:
+    def _key_hash(self, st: Stage, grp: Stage, key: bytes, stored: bool = True
+                  ) -> bytes | None:
+        """The content hash under `key`: staged, or in the index unless `stored` is false (the
+        caller knows the index cannot hold it: see StoreState.max_start_ts)."""
         h = st.keys.get(key) or grp.keys.get(key)
-        if h is not None:
+        if h is not None or not stored:
             return h
         raw = self.state.db.get(key)
         return None if raw is None else ix.entry_val_unpack(raw)[3]
@@ -93,7 +100,7 @@ class Stager:
 
     def _txn(self, st: Stage, grp: Stage, start_ts: int) -> TxnRecord | None:
         t = st.txn.get(start_ts) or grp.txn.get(start_ts)
-        if t is not None:
+        if t is not None or start_ts > self.state.max_start_ts:
             return t
         raw = self.state.db.get(ix.ts_key(ix.T, start_ts))
         return None if raw is None else ix.txn_val_unpack(raw)
@@ -149,6 +156,25 @@ class Stager:
             # content_hash, inlined: this runs for every binlog.
             handler(self, st, grp, i, b, payload, crc, _HASH.pack(crc, _zcrc(payload)),
                     from_client)
+        if st.progress:
+            self._record_progress(st, grp)
+
+    def _record_progress(self, st: Stage, grp: Stage) -> None:
+        """Each producer's position and snapshot progress from the last COMMIT of the request
+        that carries it (`_commit` notes those binlogs), at the producer's current epoch."""
+        done: set[str] = set()
+        for pid, _ in st.progress:
+            if pid in done:
+                continue
+            done.add(pid)
+            rec = self.producer(st, grp, pid)
+            pos_b = st.progress.get((pid, True))
+            snap_b = st.progress.get((pid, False))
+            st.producers[pid] = ProducerRecord(
+                rec.epoch,
+                pos_b.position.SerializeToString() if pos_b is not None else rec.position,
+                snap_b.snapshot.SerializeToString() if snap_b is not None else rec.snapshot)
+        st.progress.clear()
 
     # -- one handler per binlog type -------------------------------------------------------
     # Each takes (binlog index in its request, decoded binlog, payload, CRC32C, content hash,
@@ -168,7 +194,7 @@ class Stager:
         key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
         p = self._pending(st, grp, start_ts)
         if p is None or p.parts >> part_no & 1:
-            old = self._key_hash(st, grp, key)
+            old = self._key_hash(st, grp, key, start_ts <= self.state.max_start_ts)
             if old is not None:
                 if old == h:
                     return
@@ -193,8 +219,8 @@ class Stager:
                 tables = value_tables(_admit_value(adm, i, start_ts, b.prewrite_value))
             else:
                 tables = schema_tables(b.prewrite_value)
-            p = Pending(start_ts, part_count, 1 << part_no, pid, time.monotonic(), frozenset(),
-                        tables)
+            p = _tuple_new(Pending, (start_ts, part_count, 1 << part_no, pid, time.monotonic(),
+                                     _NO_SEGMENTS, tables, None))
         else:
             check_part(p, start_ts, part_no, part_count)
             p = p.with_part(part_no)
@@ -245,12 +271,13 @@ class Stager:
         if commit_ts > st.max_ts:
             st.max_ts = commit_ts
         pid = b.producer_id
-        if pid and (b.HasField("position") or b.HasField("snapshot")):
-            rec = self.producer(st, grp, pid)
-            st.producers[pid] = ProducerRecord(
-                rec.epoch,
-                b.position.SerializeToString() if b.HasField("position") else rec.position,
-                b.snapshot.SerializeToString() if b.HasField("snapshot") else rec.snapshot)
+        if pid:
+            # The producer's progress is what the request's last commit carrying it says:
+            # serialized once per request by `_record_progress`, not once per commit.
+            if b.HasField("position"):
+                st.progress[(pid, True)] = b
+            if b.HasField("snapshot"):
+                st.progress[(pid, False)] = b
         st.add(payload, crc, (key, h, start_ts, commit_ts, 0))
 
     def _rollback(self, st: Stage, grp: Stage, i: int, b: pb.Binlog, payload: bytes, crc: int,

@@ -33,6 +33,11 @@ class StoreState:
     vlog: ValueLog
     sorter: Sorter = field(default_factory=Sorter)
     served: int = 0                      # the served watermark
+    # At least every start_ts of an `s` or `t` index entry (recovery reads it from the index,
+    # persist raises it with every group; GC only lowers the truth): the stager skips the two
+    # index lookups of a prewrite whose start_ts is above it (a fresh TSO timestamp, the usual
+    # case), which cannot find anything. Unknown until recovery: every lookup is made.
+    max_start_ts: int = 1 << 63
     gc_ts: int = 0
     producers: dict[str, ProducerRecord] = field(default_factory=dict)
     summaries: dict[int, SegmentSummary] = field(default_factory=dict)

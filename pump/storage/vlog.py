@@ -55,6 +55,11 @@ class Location(NamedTuple):
     offset: int
 
 
+# Builds a Location without the Python-level `__new__` a named tuple's class defines (`append`
+# builds one per record).
+_tuple_new = tuple.__new__
+
+
 def segment_name(segment: int) -> str:
     return f"{segment:06d}.log"
 
@@ -201,7 +206,7 @@ class ValueLog:
                 parts = []
                 self._rotate()
                 seg, off, start = self._wseg, 0, 0
-            locs.append(Location(seg, off))
+            locs.append(_tuple_new(Location, (seg, off)))
             parts.append(pack(MAGIC, n, crcs[j] if crcs is not None else crc(payload)))
             parts.append(payload)
             off += HEADER_SIZE + n
