@@ -186,11 +186,7 @@ class Txn:
     @property
     def changes_schema(self) -> bool:
         """Whether SchemaHistory.apply has anything to record (schema snapshots or a DDL)."""
-        f = self._facts
-        if f is not None:
-            return f[0] or f[1]
-        v = self.prewrite
-        return bool(v.schema_snapshots) or v.HasField("ddl")
+        return self.is_ddl or self.has_schema_snapshots
 
     @property
     def source(self) -> pb.SourceInfo | None:

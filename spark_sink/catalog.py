@@ -79,14 +79,10 @@ class JavaClasses:
     on a resolved class (a data file's commit made about ten lookups)."""
 
     def __init__(self, spark: Any) -> None:
-        from py4j.java_gateway import JavaClass
-        gateway = spark.sparkContext._gateway
-        client = gateway._gateway_client
-
-        def c(fqn: str) -> Any:
-            return JavaClass(fqn, client)
-        self.gateway = gateway
-        self.int = gateway.jvm.int
+        self._spark = spark
+        self.gateway = spark.sparkContext._gateway
+        c = self.cls
+        self.int = self.gateway.jvm.int
         self.Object = c("java.lang.Object")
         self.HashMap = c("java.util.HashMap")
         self.Spark3Util = c("org.apache.iceberg.spark.Spark3Util")
@@ -96,9 +92,21 @@ class JavaClasses:
         self.FileFormat = c("org.apache.iceberg.FileFormat")
         self.MetricsConfig = c("org.apache.iceberg.MetricsConfig")
         self.ParquetUtil = c("org.apache.iceberg.parquet.ParquetUtil")
+        self.ParquetFileReader = c("org.apache.iceberg.shaded.org.apache.parquet.hadoop.ParquetFileReader")
+        self.Stream = c("java.util.stream.Stream")
         self.HadoopPath = c("org.apache.hadoop.fs.Path")
-        self._spark = spark
         self._footer: tuple[Any, Any] | None = None   # (ParquetIO.file, read options)
+
+    def cls(self, fqn: str) -> Any:
+        """The class `fqn` to call (static members, constructors): no round trip until used."""
+        from py4j.java_gateway import JavaClass
+        return JavaClass(fqn, self.gateway._gateway_client)
+
+    def class_object(self, fqn: str) -> Any:
+        """The java.lang.Class of `fqn` from the context class loader (the runtime jars'), for
+        reflection on members py4j cannot reach (package-private, private static)."""
+        loader = self.cls("java.lang.Thread").currentThread().getContextClassLoader()
+        return self.cls("java.lang.Class").forName(fqn, True, loader)
 
     def parquet_metrics(self, input_file: Any, config: Any) -> Any:
         """What `ParquetUtil.fileMetrics(input_file, config)` returns, with read options made
@@ -111,29 +119,21 @@ class JavaClasses:
         to_parquet, options = self._footer
         args = self.gateway.new_array(self.Object, 1)
         args[0] = input_file
-        reader = self._ParquetFileReader.open(to_parquet.invoke(None, args), options)
+        reader = self.ParquetFileReader.open(to_parquet.invoke(None, args), options)
         try:
-            return self.ParquetUtil.footerMetrics(reader.getFooter(), self._Stream.empty(), config)
+            return self.ParquetUtil.footerMetrics(reader.getFooter(), self.Stream.empty(), config)
         finally:
             reader.close()
 
     def _footer_reading(self) -> tuple[Any, Any]:
-        from py4j.java_gateway import JavaClass
-        client = self.gateway._gateway_client
-        jvm = self.gateway.jvm
-        self._ParquetFileReader = JavaClass(
-            "org.apache.iceberg.shaded.org.apache.parquet.hadoop.ParquetFileReader", client)
-        self._Stream = JavaClass("java.util.stream.Stream", client)
-        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        klass = JavaClass("java.lang.Class", client)
         # ParquetIO.file (package-private): Iceberg's InputFile as a parquet one, as fileMetrics does
-        params = self.gateway.new_array(jvm.java.lang.Class, 1)
-        params[0] = klass.forName("org.apache.iceberg.io.InputFile", True, loader)
-        to_parquet = klass.forName("org.apache.iceberg.parquet.ParquetIO", True, loader) \
+        params = self.gateway.new_array(self.cls("java.lang.Class"), 1)
+        params[0] = self.class_object("org.apache.iceberg.io.InputFile")
+        to_parquet = self.class_object("org.apache.iceberg.parquet.ParquetIO") \
             .getDeclaredMethod("file", params)
         to_parquet.setAccessible(True)
-        options = JavaClass("org.apache.iceberg.shaded.org.apache.parquet.HadoopReadOptions",
-                            client).builder(self._spark._jsc.hadoopConfiguration()).build()
+        options = self.cls("org.apache.iceberg.shaded.org.apache.parquet.HadoopReadOptions") \
+            .builder(self._spark._jsc.hadoopConfiguration()).build()
         return to_parquet, options
 
 
@@ -144,10 +144,8 @@ class Catalog:
         self.spark = spark
         self.name = name
         self.java = JavaClasses(spark)
-        jvm = spark._jvm
-        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        cls = jvm.java.lang.Class.forName("org.apache.iceberg.spark.CommitMetadata", True, loader)
-        field = cls.getDeclaredField("COMMIT_PROPERTIES")
+        field = self.java.class_object("org.apache.iceberg.spark.CommitMetadata") \
+            .getDeclaredField("COMMIT_PROPERTIES")
         field.setAccessible(True)
         self._commit_props = field.get(None)   # a ThreadLocal<Map<String, String>>
 
