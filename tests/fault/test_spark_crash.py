@@ -9,7 +9,8 @@ dies in batch 2 of 3:
 - `spark-before-marker`      every table published, the `_sluice_commits` marker not;
 - `spark-after-marker`       the marker published, the drainer-style checkpoint not saved;
 - mid-write: `spark-before-commit` sleeps, then the test sends SIGKILL while the batch's
-  Iceberg commits run;
+  Iceberg commits run (`spark-after-marker` pauses the driver, so the kill never comes after
+  it exits: the commits got fast enough to end inside the random delay);
 - `spark-after-first-table` again for a sink with `current-state = equality-deletes` (its
   current tables take a batch's removed keys as equality-delete files, not a DELETE).
 The crash children run at the same time; then this process's own session (another JVM on the
@@ -132,7 +133,10 @@ def test_kill_at_every_commit_step_then_restart_lands_each_change_exactly_once(
     logs.mkdir()
     t0 = time.monotonic()
     procs = {n: driver(env, n, f"{fp}=exit(137)@2", logs / f"{n}.log") for n, fp in EXITS.items()}
-    procs[MID] = driver(env, MID, f"spark-before-commit=1*sleep({MID_SLEEP_MS})@2", logs / f"{MID}.log")
+    # The pause after batch 2's marker keeps the driver alive until the SIGKILL, however fast
+    # the commits run: the kill lands at a random point of them, at the latest after the marker.
+    procs[MID] = driver(env, MID, f"spark-before-commit=1*sleep({MID_SLEEP_MS})@2;"
+                        "spark-after-marker=1*pause@2", logs / f"{MID}.log")
     try:
         mid_log = logs / f"{MID}.log"
 
