@@ -24,6 +24,7 @@ from sluice.core.registry import CONFIG_PATH
 from sluice.pump.storage.storage import Storage
 
 from .admission import ProducerAdmission
+from .tso_view import TsoView
 from .config import PumpConfig
 from .lifecycle import Lifecycle
 from .loops import fake_binlog_loop, gc_loop, resolve_loop
@@ -153,6 +154,7 @@ class PumpServer:
             # Before the first write is taken: prewrites are admitted by this view.
             await asyncio.to_thread(self.admission.start)
             self.storage.admission = self.admission
+            self.storage.tso = TsoView(self.tso, loop)
             await self.lifecycle.start()
             await self._run_tasks()
         finally:

@@ -40,6 +40,7 @@ _crc32c = google_crc32c.value
 # once per prewrite here): every field is given, in order.
 _tuple_new = tuple.__new__
 _NO_SEGMENTS: frozenset[int] = frozenset()
+_NO_BOUND = 1 << 64
 _from_string = pb.Binlog.FromString
 
 # (read(offset, n), length) of one part's serialized Binlog
@@ -58,6 +59,15 @@ class Admission(Protocol):
         (the stager reads its schema declarations from it instead of walking it again)."""
 
 
+class IssuedTimestamps(Protocol):
+    """The TSO as the pump's stager sees it (pump/tso_view.py). A storage without one stores
+    any timestamp a client sends."""
+
+    def fresh_ts(self) -> int:
+        """A timestamp the TSO hands out now (blocks the committer thread for one TSO round
+        trip); raises Unavailable when none comes."""
+
+
 def content_hash(payload: bytes, crc: int) -> bytes:
     """Content identity for idempotent retries: CRC32C (also the record checksum) and zlib's
     CRC-32 side by side, 64 bits. It only ever compares two binlogs under the same key, where a
@@ -74,6 +84,19 @@ class Stager:
         self.state = state
         # Set by the pump server before it takes writes (see Admission).
         self.admission: Admission | None = None
+        self._tso: IssuedTimestamps | None = None
+        # The highest timestamp the TSO is known to have issued (a fetch, or a heartbeat): a
+        # client's timestamp at or below it needs no TSO round trip. No bound without a TSO.
+        self.issued = _NO_BOUND
+
+    @property
+    def tso(self) -> IssuedTimestamps | None:
+        return self._tso
+
+    @tso.setter
+    def tso(self, value: IssuedTimestamps | None) -> None:
+        self._tso = value
+        self.issued = 0 if value is not None else _NO_BOUND
 
     # -- lookups: this request, then its group, then what is stored ----------------------
 
@@ -104,6 +127,23 @@ class Stager:
             return t
         raw = self.state.db.get(ix.ts_key(ix.T, start_ts))
         return None if raw is None else ix.txn_val_unpack(raw)
+
+    def _check_issued(self, i: int, field: str, ts: int) -> None:
+        """Refuse a client's timestamp the TSO has not issued yet. A legitimate one was handed
+        out before its request arrived, so a TSO timestamp fetched now is at least it: one
+        round trip decides, with no clock-skew allowance. A timestamp from the future (a bug,
+        or a corrupted request) would otherwise be stored and order its transaction after
+        others that committed later, or hold it back until the TSO's clock caught up."""
+        tso = self._tso
+        if tso is None or ts <= self.issued:
+            return
+        now = tso.fresh_ts()
+        if now > self.issued:
+            self.issued = now
+        if ts > now:
+            raise InvalidArgument(
+                f"binlog {i}: {field} {ts} is ahead of every timestamp the TSO has issued "
+                f"(latest {now}): timestamps must come from the TSO")
 
     # -- requests ------------------------------------------------------------------------
 
@@ -191,6 +231,8 @@ class Stager:
         if part_count > MAX_PARTS:
             raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: part_count "
                                   f"{part_count} > {MAX_PARTS}")
+        if from_client and start_ts > self.issued:
+            self._check_issued(i, "start_ts", start_ts)
         key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
         p = self._pending(st, grp, start_ts)
         if p is None or p.parts >> part_no & 1:
@@ -243,6 +285,8 @@ class Stager:
         commit_ts = b.commit_ts
         if commit_ts <= start_ts:
             raise InvalidArgument(f"binlog {i}: commit_ts {commit_ts} <= start_ts {start_ts}")
+        if from_client and commit_ts > self.issued:
+            self._check_issued(i, "commit_ts", commit_ts)
         key = ix.entry_key_pack(ix.E, commit_ts, _COMMIT, 0)
         p = self._pending(st, grp, start_ts)
         if p is None:
@@ -314,6 +358,8 @@ class Stager:
         if ts <= self.state.served:
             raise FailedPrecondition(f"binlog {i}: fake binlog ts {ts} <= served watermark "
                                      f"{self.state.served}")
+        if self._tso is not None and ts > self.issued:
+            self.issued = ts   # the pump's own heartbeat: a fresh TSO timestamp
         if ts > st.max_ts:
             st.max_ts = ts
         st.add(payload, crc, (key, h, 0, ts, 0))

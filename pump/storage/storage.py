@@ -28,7 +28,7 @@ from .reader import CommitReader, SharedChunks
 from .records import NO_PRODUCER, ProducerState, TxnOutcome
 from .recovery import gc_apply, gc_plan, open_index, recover
 from .sorter import Sorter, UnresolvedTxn
-from .stage import MAX_PARTS, Admission, Stager
+from .stage import MAX_PARTS, Admission, IssuedTimestamps, Stager
 from .state import StoreState
 from .vlog import ValueLog
 
@@ -62,6 +62,15 @@ class Storage:
     @admission.setter
     def admission(self, value: Admission | None) -> None:
         self._stager.admission = value
+
+    @property
+    def tso(self) -> IssuedTimestamps | None:
+        """The TSO that bounds clients' timestamps; set before writes are taken."""
+        return self._stager.tso
+
+    @tso.setter
+    def tso(self, value: IssuedTimestamps | None) -> None:
+        self._stager.tso = value
 
     # The handles tests and tools look at directly.
     @property

@@ -1,7 +1,6 @@
 """Fuzz the pump's write handlers through its real gRPC server (one pump for the module)."""
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import grpc
@@ -44,8 +43,10 @@ class Pump:
         # part/commit rules of a pending transaction.
         self.open_start = self.ts.get()
         self.write([prewrite(self.open_start, pv("open"))])
-        base = self.ts.get() + (1 << 30)
-        self.fresh = itertools.count(base)   # start_ts never used by anything above
+
+    def fresh(self) -> int:
+        """A timestamp the TSO issued and nothing above used (the pump stores no other)."""
+        return self.ts.get()
 
     def write(self, payloads: list[bytes], cluster_id: int | None = None, single: bool = False
               ) -> None:
@@ -117,8 +118,8 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
         "ts<=0", "commit-without-prewrite", "different-content", "other-commit-ts",
         "commit<=start", "oversized", "wrong-cluster", "random", "mutated", "wrong-type",
         "unknown-type", "rollback-committed", "part-no", "no-producer", "unregistered",
-        "bad-value", "fake"]))
-    fresh = next(p.fresh)
+        "bad-value", "fake", "future-ts"]))
+    fresh = p.fresh()
     if kind == "ts<=0":
         bad_ts = data.draw(hst.integers(-(1 << 63), 0))
         maker = data.draw(hst.sampled_from(["prewrite", "commit", "fake"]))
@@ -133,6 +134,14 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
         return [pb.Binlog(tp=pb.FAKE, start_ts=t, commit_ts=t).SerializeToString()], \
             {grpc.StatusCode.INVALID_ARGUMENT}, "fake binlogs are written by the pump itself", \
             p.cluster_id
+    if kind == "future-ts":
+        # A timestamp the TSO has not issued yet (32 s, 70 min, ~146 years ahead): stored, it
+        # would order its transaction after later ones or hold it back until the clock caught up.
+        ahead = data.draw(hst.sampled_from([1 << 33, 1 << 40, 1 << 62]))
+        payload = (prewrite(fresh + ahead, pv("future")) if data.draw(hst.booleans())
+                   else commit(p.open_start, fresh + ahead))
+        return [payload], {grpc.StatusCode.INVALID_ARGUMENT}, \
+            "ahead of every timestamp the TSO has issued", p.cluster_id
     if kind == "commit-without-prewrite":
         return [commit(fresh, fresh + 1)], {grpc.StatusCode.FAILED_PRECONDITION}, \
             "without its prewrite", p.cluster_id
@@ -191,7 +200,7 @@ def _case(data: hst.DataObject, p: Pump) -> tuple[list[bytes], set[grpc.StatusCo
             pb.WriteBinlogsReq(cluster_id=p.cluster_id, payloads=[prewrite(fresh)])
             .SerializeToString(),
             pb.GetTSResp(first_ts=fresh, count=3).SerializeToString()]))
-    poison = commit(next(p.fresh), next(p.fresh) + 1)
+    poison = commit(p.fresh(), p.fresh() + 1)
     return [payload, poison], CLEAN, "", p.cluster_id
 
 
@@ -210,7 +219,7 @@ def test_write_handlers_answer_clean_errors_and_store_nothing(pump: Pump) -> Non
         payloads, codes, word, cluster_id = _case(data, pump)
         # Alone, and behind a valid new prewrite in the same atomic batch.
         if data.draw(hst.booleans()):
-            payloads = [prewrite(next(pump.fresh), pv("good"))] + payloads
+            payloads = [prewrite(pump.fresh(), pv("good"))] + payloads
         single = len(payloads) == 1 and data.draw(hst.booleans())
         with pytest.raises(grpc.RpcError) as e:
             pump.write(payloads, cluster_id=cluster_id, single=single)
@@ -223,3 +232,25 @@ def test_write_handlers_answer_clean_errors_and_store_nothing(pump: Pump) -> Non
 
     check()
     assert pump.served() == before
+
+
+def test_a_timestamp_the_tso_has_not_issued_is_refused(pump: Pump) -> None:
+    """DESIGN §2.2: a pump stores no start_ts or commit_ts above what the TSO has issued. A
+    prewrite or commit 32 s ahead of the TSO is INVALID_ARGUMENT naming it and stores nothing;
+    the same transaction's commit at a timestamp the TSO issued a moment ago (above everything
+    the pump has seen: it asks the TSO) is stored and served."""
+    before = pump.status()
+    ahead = pump.ts.get() + (1 << 33)
+    for payload, field in ((prewrite(ahead, pv("future")), "start_ts"),
+                           (commit(pump.open_start, ahead), "commit_ts")):
+        with pytest.raises(grpc.RpcError) as e:
+            pump.write([payload])
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert f"{field} {ahead} is ahead of every timestamp the TSO has issued" in \
+            e.value.details(), e.value.details()
+    st = pump.status()
+    assert (st.max_commit_ts, st.unresolved, st.storage_bytes) == \
+        (before.max_commit_ts, before.unresolved, before.storage_bytes)
+    c = pump.ts.get()
+    pump.write([commit(pump.open_start, c)])
+    assert (pb.COMMIT, pump.open_start, c, b"") in pump.served()
