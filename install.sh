@@ -11,7 +11,8 @@ APT_PACKAGES=(
   mariadb-server mariadb-client      # capture source, MySQL sink, outbox
   redis-server                       # pump benchmark baseline
   sysbench                           # realistic OLTP load
-  default-jre-headless maven         # Spark; Maven fetches the pinned Iceberg runtime jar
+  default-jdk-headless maven         # Spark; Maven fetches the pinned Iceberg runtime jar; javac
+                                     # builds Sluice's one JVM class (spark_sink/java)
   procps psmisc                      # ps/pkill in tests and cluster status
 )
 
@@ -51,6 +52,20 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
   .venv/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
   echo "$want" > "$stamp"
+fi
+
+# Sluice's one JVM class (spark_sink/java: Hadoop's local filesystem without a chmod process per
+# file created), compiled against pyspark's Hadoop client jar into jars/sluice-hadoop.jar;
+# rebuilt only when its source changes.
+java_stamp=.venv/.java.sha
+java_want=$(cat $(find spark_sink/java -name '*.java' | sort) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$java_stamp" 2>/dev/null)" != "$java_want" ] || [ ! -f jars/sluice-hadoop.jar ]; then
+  hadoop_api=$(ls .venv/lib/python*/site-packages/pyspark/jars/hadoop-client-api-*.jar | head -1)
+  rm -rf build/java && mkdir -p build/java
+  javac -nowarn --release 17 -d build/java -cp "$hadoop_api" $(find spark_sink/java -name '*.java')
+  jar cf jars/sluice-hadoop.jar -C build/java .
+  echo "$java_want" > "$java_stamp"
+  echo "install.sh: built jars/sluice-hadoop.jar (spark_sink/java)"
 fi
 
 # The native core (native/): rebuilt only when its sources change (stamp = hash of the crate's

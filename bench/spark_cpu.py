@@ -51,14 +51,16 @@ def log(msg: str) -> None:
 
 
 def _stat(pid: int) -> tuple[int, float]:
-    """(ppid, CPU seconds: utime + stime) of pid."""
+    """(ppid, CPU seconds: utime + stime + cutime + cstime) of pid. The children it has waited
+    for count: Hadoop's local filesystem used to run a `chmod` process per file, whose CPU only
+    this shows (live children are counted by tree_cpu themselves)."""
     with open(f"/proc/{pid}/stat") as f:
         rest = f.read().rsplit(")", 1)[1].split()
-    return int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK
+    return int(rest[1]), sum(int(x) for x in rest[11:15]) / CLK
 
 
 def tree_cpu(root: int) -> float:
-    """CPU seconds of root and every live descendant."""
+    """CPU seconds of root and every live descendant, with the children each has waited for."""
     kids: dict[int, list[int]] = {}
     cpu: dict[int, float] = {}
     for d in os.listdir("/proc"):

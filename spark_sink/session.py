@@ -6,8 +6,10 @@ whose identity is checked: asking for another catalog than the active session's 
 ConfigError, never a session that would read and write the other one.
 
 The Iceberg Spark runtime and the SQLite JDBC driver are jars that install.sh copies from Maven
-Central into `jars/` (pinned; nothing is downloaded at run time). `SLUICE_SPARK_JARS` (a
-directory) overrides where they are looked for.
+Central into `jars/` (pinned; nothing is downloaded at run time), beside `sluice-hadoop.jar`,
+which install.sh compiles from spark_sink/java (Hadoop's local filesystem without a `chmod`
+process per file created: `LOCAL_FS`). `SLUICE_SPARK_JARS` (a directory) overrides where they
+are looked for.
 """
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ log = logging.getLogger(__name__)
 
 ICEBERG_RUNTIME = "iceberg-spark-runtime-4.1_2.13-*.jar"
 SQLITE_JDBC = "sqlite-jdbc-*.jar"
+SLUICE_HADOOP = "sluice-hadoop.jar"
+# The `file:` filesystem of every JVM the session starts (spark_sink/java/sluice/hadoop/
+# LocalFileSystem.java): Hadoop's own ran `chmod` in a child process for every file and
+# directory it created, ~9 ms of CPU per file, and an Iceberg commit writes two or three.
+LOCAL_FS = "sluice.hadoop.LocalFileSystem"
 _JVM_START_ATTEMPTS = 3
 # JVM loggers that print at WARN/ERROR on a normal start or a normal commit.
 QUIET_LOGGERS = ("org.apache.hadoop.util.NativeCodeLoader", "org.apache.spark.util.Utils",
@@ -59,14 +66,20 @@ def jars() -> list[str]:
     """The runtime jars Spark loads (spark.jars); a missing one is a one-line ConfigError."""
     d = jars_dir()
     out = []
-    for pattern, what in ((ICEBERG_RUNTIME, "Iceberg Spark runtime"), (SQLITE_JDBC, "SQLite JDBC driver")):
+    for pattern, what in ((ICEBERG_RUNTIME, "Iceberg Spark runtime"), (SQLITE_JDBC, "SQLite JDBC driver"),
+                          (SLUICE_HADOOP, "Sluice's Hadoop local filesystem (spark_sink/java)")):
         found = sorted(glob.glob(str(d / pattern)))
         if not found:
             raise ConfigError(f"spark: no {what} jar ({pattern}) in {d}: run ./install.sh "
-                              "(it copies the pinned jars from Maven Central), or set "
+                              "(it copies the pinned jars from Maven Central and builds sluice-hadoop.jar), or set "
                               "SLUICE_SPARK_JARS to the directory holding them")
         out.append(found[-1])
     return out
+
+
+def sluice_hadoop_jar() -> str:
+    """jars/sluice-hadoop.jar (LOCAL_FS): one of `jars()`."""
+    return next(j for j in jars() if os.path.basename(j) == SLUICE_HADOOP)
 
 
 def catalog_conf(cfg: SessionConfig) -> dict[str, str]:
@@ -107,8 +120,18 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
                                          + JVM_CPU_OPTIONS,
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }
+    if cfg.master.startswith("local"):
+        # Driver and executors are this one JVM. Not for other masters: their executors would
+        # need the jar at this path on every worker.
+        conf["spark.hadoop.fs.file.impl"] = LOCAL_FS
     conf.update(catalog_conf(cfg))
     conf.update(cfg.spark_conf)
+    if conf.get("spark.hadoop.fs.file.impl") == LOCAL_FS:
+        # On the JVM's class path from the start (spark.jars come too late: spark-submit reads
+        # local files before it loads them), ahead of a class path the spark-conf gives.
+        given = conf.get("spark.driver.extraClassPath")
+        conf["spark.driver.extraClassPath"] = sluice_hadoop_jar() + (
+            os.pathsep + given if given else "")
     return conf
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import os
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from sluice.core.rowcodec import MySQLDateTime
 from sluice.drainer.sink import Checkpoint
 from sluice.drainer.txn import SchemaHistory
+from sluice.spark_sink import positions
 from sluice.spark_sink import writer as W
 from sluice.spark_sink.catalog import Summary
 from sluice.spark_sink.commit import LostRace
@@ -136,6 +138,10 @@ def test_every_type_round_trips_equal_through_the_direct_path_and_pyiceberg_read
                           for r in zip(*(py.column(c).to_pylist() for c in cols))), key=repr)
         assert py_rows == spark_rows
         _assert_metrics_are_icebergs(env, "dty_ty", table)
+        # A local warehouse: pyarrow wrote the files (no FileIO stream, so no Hadoop checksum).
+        for f in _data_files(env, d):
+            assert not os.path.exists(os.path.join(os.path.dirname(f),
+                                                   f".{os.path.basename(f)}.crc")), f
     # The marker rows: same columns and values but the time of the commit and the heads.
     cols = "batch, epoch, drainer, commit_ts, rows, array_sort(map_keys(tables))"
 
@@ -217,6 +223,32 @@ def test_equality_deletes_and_the_last_images_are_one_commit(spark_env: SparkEnv
     assert _rows(env, "deq_kv.kv") == _rows(env, "seq_kv.kv")
     assert sorted(r[1] for r in env.rows("SELECT id, v FROM deq_kv.kv")) == sorted(
         ["a0", "b1", "b3", *[f"a{i}" for i in range(4, 10)], "c"])
+
+
+@pytest.mark.parametrize("current_state", [W.DELETE_KEYS, W.EQUALITY_DELETES])
+def test_a_warehouse_that_is_no_local_directory_gets_its_files_through_the_fileio(
+        spark_env: SparkEnv, monkeypatch: pytest.MonkeyPatch, current_state: str) -> None:
+    """A warehouse the driver cannot reach as local files (an object store: `local_path` is
+    None) gets every file through the table's FileIO, and the keys a batch changes are removed
+    by a DELETE job with `delete`: the same rows land as through a local warehouse, where
+    pyarrow writes the files itself."""
+    env = spark_env
+    monkeypatch.setattr(positions, "local_path", lambda location: None)
+    name = "nl" + current_state[0]
+    paths = _land(env, name, True, KV, _kv_batches(), current_state=current_state)
+    assert paths[0][(f"{name}_kv", "kv")] == "direct"
+    assert sorted(r[1] for r in env.rows(f"SELECT id, v FROM {name}_kv.kv")) == sorted(
+        ["a0", "b1", "b3", *[f"a{i}" for i in range(4, 10)], "c"])
+    assert len(env.rows(f"SELECT * FROM {name}_kv.kv_changelog")) == 14
+    # Hadoop's local FileSystem leaves a checksum file beside each file it writes; pyarrow none.
+    for f in _data_files(env, f"{name}_kv.kv") + _data_files(env, f"{name}_kv.kv_changelog"):
+        assert os.path.exists(os.path.join(os.path.dirname(f), f".{os.path.basename(f)}.crc")), f
+
+
+def _data_files(env: SparkEnv, table: str) -> list[str]:
+    """Local paths of the table's live data and delete files."""
+    paths = [r[0] for r in env.rows(f"SELECT file_path FROM {table}.all_files")]
+    return [p.removeprefix("file://").removeprefix("file:") for p in paths]
 
 
 def test_a_partial_write_after_a_skip_point_lands_only_the_rows_above_it(
@@ -305,3 +337,37 @@ def test_lost_race_is_still_raised_by_a_direct_write(spark_env: SparkEnv) -> Non
     assert frame.paths["current"] == "direct"
     assert sorted(tuple(r) for r in env.rows(f"SELECT id, v FROM {st.db}.{st.name}")) == before
     run(sink.close())
+
+
+def _reaped_children_cpu(pid: int) -> float:
+    """CPU seconds of the children pid has waited for (cutime + cstime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    return (int(rest[13]) + int(rest[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_local_files_get_hadoops_permissions_without_a_process_per_file(
+        spark_env: SparkEnv, tmp_path: Any) -> None:
+    """The session's `file:` filesystem is sluice.hadoop.LocalFileSystem (docs/spark.md, "JVM
+    settings"): what Iceberg's HadoopFileIO creates gets Hadoop's permissions (0644 files and
+    0755 directories under Hadoop's default umask) and checksum files, and no child process:
+    Hadoop's own ran `chmod` for every file and directory (~9 ms of CPU each), whose CPU shows
+    in the JVM's reaped-children time."""
+    from pyspark import SparkContext
+    spark = spark_env.spark
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    fs = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
+    assert fs.getClass().getName() == "sluice.hadoop.LocalFileSystem"
+    io = jvm.org.apache.iceberg.hadoop.HadoopFileIO(conf)
+    jpid = SparkContext._gateway.proc.pid  # type: ignore[attr-defined]
+    before = _reaped_children_cpu(jpid)
+    for i in range(40):
+        out = io.newOutputFile(f"file:{tmp_path}/d{i}/f.bin").create()
+        out.write(bytearray(b"x" * 100))
+        out.close()
+    assert _reaped_children_cpu(jpid) - before < 0.02
+    for i in range(40):
+        assert os.stat(tmp_path / f"d{i}" / "f.bin").st_mode & 0o7777 == 0o644
+        assert os.stat(tmp_path / f"d{i}").st_mode & 0o7777 == 0o755
+        assert (tmp_path / f"d{i}" / ".f.bin.crc").exists()

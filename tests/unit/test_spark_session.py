@@ -6,7 +6,7 @@ import pytest
 
 from sluice.core.errors import ConfigError
 from sluice.spark_sink.config import SessionConfig
-from sluice.spark_sink.session import JVM_CPU_OPTIONS, LOG4J2, conf_of
+from sluice.spark_sink.session import JVM_CPU_OPTIONS, LOCAL_FS, LOG4J2, conf_of
 
 
 def _conf(**kw: object) -> dict[str, str]:
@@ -35,3 +35,20 @@ def test_a_spark_conf_entry_replaces_the_default_whole() -> None:
                              "spark.sql.adaptive.enabled": "true"})
     assert conf["spark.driver.extraJavaOptions"] == "-Duser.timezone=UTC -XX:+UseG1GC"
     assert conf["spark.sql.adaptive.enabled"] == "true"
+
+
+def test_a_local_master_gets_the_local_filesystem_without_a_process_per_file() -> None:
+    """With a local master the `file:` filesystem is sluice.hadoop.LocalFileSystem, its jar first
+    on the driver's class path (ahead of one the spark-conf gives, which is kept); another
+    master, or a spark-conf naming another filesystem, leaves Hadoop's and the class path."""
+    conf = _conf()
+    jar = conf["spark.driver.extraClassPath"]
+    assert conf["spark.hadoop.fs.file.impl"] == LOCAL_FS
+    assert jar.endswith("/sluice-hadoop.jar") and jar in conf["spark.jars"].split(",")
+    given = _conf(spark_conf={"spark.driver.extraClassPath": "/opt/x.jar"})
+    assert given["spark.driver.extraClassPath"] == f"{jar}:/opt/x.jar"
+    for other in (_conf(master="spark://127.0.0.1:7077"),
+                  _conf(spark_conf={"spark.hadoop.fs.file.impl":
+                                    "org.apache.hadoop.fs.LocalFileSystem"})):
+        assert other.get("spark.hadoop.fs.file.impl") != LOCAL_FS
+        assert "spark.driver.extraClassPath" not in other
