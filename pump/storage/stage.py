@@ -130,7 +130,7 @@ class Stager:
         return None if raw is None else ix.txn_val_unpack(raw)
 
     def _check_issued(self, i: int, field: str, ts: int) -> None:
-        """Refuse a client's timestamp the TSO has not issued yet. A legitimate one was handed
+        """Refuse a timestamp the TSO has not issued yet. A legitimate one was handed
         out before its request arrived, so a TSO timestamp fetched now is at least it: one
         round trip decides, with no clock-skew allowance. A timestamp from the future (a bug,
         or a corrupted request) would otherwise be stored and order its transaction after
@@ -232,7 +232,7 @@ class Stager:
         if part_count > MAX_PARTS:
             raise InvalidArgument(f"binlog {i}: prewrite start_ts={start_ts}: part_count "
                                   f"{part_count} > {MAX_PARTS}")
-        if from_client and start_ts > self.issued:
+        if start_ts > self.issued:
             self._check_issued(i, "start_ts", start_ts)
         key = ix.entry_key_pack(ix.S, start_ts, _PREWRITE, part_no)
         p = self._pending(st, grp, start_ts)
@@ -286,7 +286,8 @@ class Stager:
         commit_ts = b.commit_ts
         if commit_ts <= start_ts:
             raise InvalidArgument(f"binlog {i}: commit_ts {commit_ts} <= start_ts {start_ts}")
-        if from_client and commit_ts > self.issued:
+        # Clients' commits and the pump's own resolves alike (a producer's TxnStatus answer).
+        if commit_ts > self.issued:
             self._check_issued(i, "commit_ts", commit_ts)
         key = ix.entry_key_pack(ix.E, commit_ts, _COMMIT, 0)
         p = self._pending(st, grp, start_ts)
