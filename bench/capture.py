@@ -201,7 +201,7 @@ def spy_table(path: Path, top: int = 14) -> str:
             totals[f] = totals.get(f, 0) + c
     if not n:
         return "(no samples)"
-    rows = [f"{n} GIL samples", "", "| frame (self time) | self | total |", "|---|---:|---:|"]
+    rows = [f"{n} {'thread' if _SPY_NATIVE else 'GIL'} samples", "", "| frame (self time) | self | total |", "|---|---:|---:|"]
     for f, c in sorted(selfs.items(), key=lambda kv: -kv[1])[:top]:
         rows.append(f"| `{f}` | {100 * c / n:.1f}% | {100 * totals[f] / n:.1f}% |")
     rows += ["", "| frame (inclusive) | total |", "|---|---:|"]
@@ -312,6 +312,8 @@ class RateRun:
 
 
 _READS = "sluice_capture_source_reads_total"
+# --profile-native: py-spy samples every non-idle thread with native frames (not --gil)
+_SPY_NATIVE = False
 _WAKEUPS = "sluice_capture_loop_wakeups_total"
 
 
@@ -351,7 +353,11 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
         if profile is not None:
             spy = Proc(f"{producer}-py-spy", [
                 str(Path(PYTHON).parent / "py-spy"), "record", "--pid", str(proc.pid),
-                "--gil", "--nonblocking", "--function", "--rate", "200", "--format", "raw",
+                # every running thread with its native frames (gRPC's C threads, the native
+                # decode), so the shares are of the process's CPU, not of the GIL's holder
+                # (--native needs the process paused per sample: not the run to read CPU from)
+                *(["--native", "--threads"] if _SPY_NATIVE else ["--gil", "--nonblocking"]),
+                "--function", "--rate", "200", "--format", "raw",
                 "--output", str(profile)], cluster.workdir / f"{producer}-py-spy.log").start()
         m0, w0 = _scrape(metrics), pumps_writes()
         cpu0, ctx0 = _cpu_s(proc.pid), _ctx_switches(proc.pid)
@@ -459,7 +465,12 @@ def main() -> None:
     ap.add_argument("--profile-rate", type=Path,
                     help="--rate: py-spy (GIL samples) of this checkout's last run to FILE, the "
                          "first baseline tree's to FILE.baseline")
+    ap.add_argument("--profile-native", action="store_true",
+                    help="--profile-rate: sample every running thread with native frames "
+                         "(py-spy --native --threads) instead of the GIL holder only")
     a = ap.parse_args()
+    global _SPY_NATIVE
+    _SPY_NATIVE = a.profile_native
     workdir = Path(tempfile.mkdtemp(prefix="bench-capture-"))
     server = cluster = etcd = None
     if a.port is None:
