@@ -77,11 +77,6 @@ def jars() -> list[str]:
     return out
 
 
-def sluice_hadoop_jar() -> str:
-    """jars/sluice-hadoop.jar (LOCAL_FS): one of `jars()`."""
-    return next(j for j in jars() if os.path.basename(j) == SLUICE_HADOOP)
-
-
 def catalog_conf(cfg: SessionConfig) -> dict[str, str]:
     """spark.sql.catalog.<name>.* for cfg: the catalog's identity."""
     pre = f"spark.sql.catalog.{cfg.catalog}"
@@ -99,10 +94,11 @@ def catalog_conf(cfg: SessionConfig) -> dict[str, str]:
 
 def conf_of(cfg: SessionConfig) -> dict[str, str]:
     """The Spark settings for cfg (before cfg.spark_conf, which overrides them)."""
+    runtime_jars = jars()
     conf = {
         "spark.master": cfg.master,
         "spark.app.name": cfg.app_name,
-        "spark.jars": ",".join(jars()),
+        "spark.jars": ",".join(runtime_jars),
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         "spark.sql.defaultCatalog": cfg.catalog,
         "spark.ui.enabled": "false",
@@ -130,7 +126,8 @@ def conf_of(cfg: SessionConfig) -> dict[str, str]:
         # On the JVM's class path from the start (spark.jars come too late: spark-submit reads
         # local files before it loads them), ahead of a class path the spark-conf gives.
         given = conf.get("spark.driver.extraClassPath")
-        conf["spark.driver.extraClassPath"] = sluice_hadoop_jar() + (
+        ours = next(j for j in runtime_jars if os.path.basename(j) == SLUICE_HADOOP)
+        conf["spark.driver.extraClassPath"] = ours + (
             os.pathsep + given if given else "")
     return conf
 

@@ -135,10 +135,9 @@ class Stager:
         round trip decides, with no clock-skew allowance. A timestamp from the future (a bug,
         or a corrupted request) would otherwise be stored and order its transaction after
         others that committed later, or hold it back until the TSO's clock caught up."""
-        tso = self._tso
-        if tso is None or ts <= self.issued:
-            return
-        now = tso.fresh_ts()
+        # Callers test `ts > self.issued` first; without a TSO `issued` is _NO_BOUND.
+        assert self._tso is not None
+        now = self._tso.fresh_ts()
         if now > self.issued:
             self.issued = now
         if ts > now:
@@ -360,7 +359,7 @@ class Stager:
         if ts <= self.state.served:
             raise FailedPrecondition(f"binlog {i}: fake binlog ts {ts} <= served watermark "
                                      f"{self.state.served}")
-        if self._tso is not None and ts > self.issued:
+        if ts > self.issued:
             self.issued = ts   # the pump's own heartbeat: a fresh TSO timestamp
         if ts > st.max_ts:
             st.max_ts = ts
