@@ -42,7 +42,7 @@ bytes, then `MySQLSink.apply` — fed --apply-batch transactions per call, paced
 transactions per second (a bounded rate: small batches, partial worker batches nudged out),
 then flushed. Old and new trees alternate within every round, each in its own process
 (`--base-rev`: the baseline tree from `git archive`, its `sluice.*` packages and its own
-native module, built by bench/drainer_read.py's prepare_base, imported from there); reported: CPU ms per transaction of the drainer process
+native module, built by bench/trees.py's prepare_base); reported: CPU ms per transaction of the drainer process
 (user + system, all threads) and of mariadbd, and the CPU µs per transaction of the in-process
 stages (`from_framed`, `translate`, `batch_sql` over 20-row worker batches; process_time, gc
 off, the least of 3 passes); medians over --repeat rounds, load average per run. Each run's downstream is checked
@@ -256,16 +256,15 @@ def check(server: MariaDBServer, wl: RandomWorkload, side: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]
-_PACKAGES = ("proto", "core", "tso", "pump", "client", "drainer", "spark_sink", "capture", "ctl")
 
 
 def base_tree(rev: str, into: Path) -> Path:
     """The baseline tree of rev (git archive) with a `sluice` namespace of symlinks and its own
-    native module (bench/drainer_read.py's prepare_base: the trees' native modules differ), so a
+    native module (bench/trees.py's prepare_base: the trees' native modules differ), so a
     process that puts `<tree>/_native` and `<tree>/_ns` first on sys.path runs that tree."""
     import shutil
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from drainer_read import prepare_base
+    from trees import prepare_base
     tree = prepare_base(rev, into)
     if not (tree / "tests/support/sysbench_rows.py").exists():
         shutil.copy(ROOT / "tests/support/sysbench_rows.py", tree / "tests/support/sysbench_rows.py")

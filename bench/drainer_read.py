@@ -141,39 +141,6 @@ def timed(fn) -> float:
 # --------------------------------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parents[1]
-_PACKAGES = ("proto", "core", "tso", "pump", "client", "drainer", "spark_sink", "capture", "ctl")
-
-
-def prepare_base(rev: str, into: Path) -> Path:
-    """The tree of rev (git archive), a `sluice` namespace of symlinks (`<tree>/_ns`) and its own
-    native module built into `<tree>/_native` (cargo's cache copied from this checkout, the
-    sources touched so cargo rebuilds them)."""
-    import shutil
-    import subprocess
-    tree = into / "base"
-    tree.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    ns = tree / "_ns" / "sluice"
-    ns.mkdir(parents=True)
-    for name in _PACKAGES:
-        (ns / name).symlink_to(tree / name)
-    if (ROOT / "native/target").exists():
-        shutil.copytree(ROOT / "native/target", tree / "native/target", symlinks=True,
-                        ignore=shutil.ignore_patterns("wheels"))
-    for f in (tree / "native/src").iterdir():
-        f.touch()
-    env = dict(os.environ, PATH=f"{Path.home() / '.cargo/bin'}:{os.environ.get('PATH', '')}")
-    venv = Path(sys.executable).parent
-    subprocess.run([str(venv / "maturin"), "build", "--quiet", "--release", "--locked",
-                    "--manifest-path", str(tree / "native/Cargo.toml"), "--interpreter",
-                    sys.executable, "--out", str(tree / "native/target/wheels")],
-                   check=True, env=env, capture_output=True)
-    wheel = next((tree / "native/target/wheels").glob("*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "--no-deps", "--target", str(tree / "_native"), str(wheel)], check=True)
-    return tree
 
 
 def tree_child(a: argparse.Namespace) -> None:
@@ -272,6 +239,7 @@ def trees_main(a: argparse.Namespace) -> None:
     load0 = os.getloadavg()[0]
     runs: dict[str, list[dict]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="sluice-bench-trees-") as tmp:
+        from trees import prepare_base
         base = Path(a.base_tree) if a.base_tree else prepare_base(a.base_rev, Path(tmp))
         for r in range(a.rounds):
             order = (("old", base), ("new", ROOT)) if r % 2 == 0 else (("new", ROOT), ("old", base))

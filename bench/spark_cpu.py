@@ -17,9 +17,8 @@ Reported per run, for the --batches measured after --warm-batches (JIT warm-up):
 transaction of the Python process (every thread) and of the JVM (the gateway process and its
 descendants, /proc/<pid>/stat), the JVM's CPU seconds per batch, the median commit wall time,
 the load average, and the JVM threads that used the most CPU (names without digits). The parent
-alternates the variants (`--variant label=child-args`, the first is the baseline; a baseline
-tree: `git archive <rev> | tar -x -C /tmp/base` with a `jars` link, then
-`--variant "old=--tree /tmp/base"`) for --rounds rounds, rotating their order, and prints
+alternates the variants (`--variant label=child-args`, the first is the baseline; `--base-rev REV`
+puts first a baseline tree of REV with its own native module, bench/trees.py) for --rounds rounds, rotating their order, and prints
 medians and each variant's total against the first.
 
 Run: .venv/bin/python bench/spark_cpu.py [--batch-txns 4000] [--batches 4] [--warm-batches 3]
@@ -104,10 +103,10 @@ def self_cpu() -> float:
 
 def child(a: argparse.Namespace) -> None:
     if a.tree:
-        # `sluice` from another tree (a baseline): a directory holding only the link comes first.
-        link_dir = Path(tempfile.mkdtemp(prefix="sluice-tree-"))
-        (link_dir / "sluice").symlink_to(Path(a.tree).resolve())
-        sys.path.insert(0, str(link_dir))
+        # `sluice` (and, for a tree prepare_base built, `sluice_native`) from a baseline tree
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from trees import tree_path
+        sys.path[0:0] = tree_path(a.tree)
     sys.path.insert(1, str(REPO))
     os.environ.setdefault("TZ", "UTC")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -122,7 +121,8 @@ def child(a: argparse.Namespace) -> None:
     from sluice.spark_sink.session import session
     from sluice.spark_sink.sink import SparkSink
     from tests.support.rows import Table, binlogs, col, prewrite_value, schema_txn
-    log(f"child: sluice from {list(sluice.__path__)[0]}")
+    import sluice_native
+    log(f"child: sluice from {list(sluice.__path__)[0]}, sluice_native from {sluice_native.__file__}")
 
     tables = [Table(200 + i, "sbtest", f"sbtest{i + 1}",
                     [col("id", "int(11)", nullable=False), col("k", "int(11)", nullable=False),
@@ -239,6 +239,14 @@ def child(a: argparse.Namespace) -> None:
 def parent(a: argparse.Namespace) -> None:
     variants = [(v.split("=", 1)[0], shlex.split(v.split("=", 1)[1]) if "=" in v else [])
                 for v in (a.variant or ["current="])]
+    if a.base_rev:
+        # the baseline first: its own Python and native module, this checkout's jars
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from trees import prepare_base
+        log(f"building the tree of {a.base_rev} with its native module")
+        base = prepare_base(a.base_rev, Path(tempfile.mkdtemp(prefix="sluice-bench-sparkcpu-base-")))
+        (base / "jars").symlink_to(REPO / "jars")
+        variants.insert(0, (f"base {a.base_rev}", ["--tree", str(base)]))
     common = ["--batch-txns", str(a.batch_txns), "--batches", str(a.batches),
               "--warm-batches", str(a.warm_batches), "--seed", str(a.seed)]
     results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in variants}
@@ -290,6 +298,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variant", action="append", help="label=child args (first: the baseline)")
+    ap.add_argument("--base-rev", default="",
+                    help="a baseline variant first: this git revision with its own native module")
     a = ap.parse_args()
     (child if a.child else parent)(a)
 

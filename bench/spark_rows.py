@@ -10,8 +10,8 @@ capture-like producer position (file, offset, GTID, server id, ts-ms) on every C
 SourceInfo, laid out as a pump's packed responses (--per-response transactions, a FAKE each 64).
 
 Old vs new alternate, each run a child process importing `sluice` from its tree (`--variant
-label=--tree DIR`; a baseline tree: `git archive <rev> | tar -x -C DIR`; the native module is
-this checkout's, a superset of the old one's API). Each child times every step --repeat times
+label=--tree DIR`; `--base-rev REV` puts first a baseline tree of REV built with its own native
+module by bench/trees.py; a plain `git archive` as DIR uses this checkout's native module). Each child times every step --repeat times
 (CPU `process_time`, gc off: the steps' own cost), then --repeat times more with the drainer's
 gc settings (drainer/main.py `tune_gc`), the responses taken a twentieth at a time through the
 three steps (as the drainer interleaves them) while the buffered rows of the whole batch stay
@@ -22,7 +22,7 @@ of its repeats) and a digest of the buffered rows: every variant must print the 
 variants' order rotates each round) with the load average (1 min) beside each.
 
 Run: .venv/bin/python bench/spark_rows.py [--txns 10000] [--rounds 5] [--repeat 3]
-       --variant "old=--tree /tmp/spark-rows-base" --variant new=
+       [--base-rev HEAD~1] [--variant "old=--tree DIR"] [--variant new=]
 """
 from __future__ import annotations
 
@@ -51,12 +51,17 @@ def log(msg: str) -> None:
 
 def child(a: argparse.Namespace) -> None:
     if a.tree:
-        link_dir = Path(tempfile.mkdtemp(prefix="sluice-tree-"))
-        (link_dir / "sluice").symlink_to(Path(a.tree).resolve())
-        sys.path.insert(0, str(link_dir))
+        # `sluice` (and, for a tree prepare_base built, `sluice_native`) from a baseline tree
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from trees import tree_path
+        sys.path[0:0] = tree_path(a.tree)
     sys.path.insert(1, str(REPO))
     import gc
     import random
+
+    import sluice
+    import sluice_native
+    log(f"child: sluice from {list(sluice.__path__)[0]}, sluice_native from {sluice_native.__file__}")
 
     from sluice.core.wire import frame_head, packed_meta
     from sluice.drainer.reader import PumpReader
@@ -247,11 +252,20 @@ def main() -> None:
                     help="label=child args (first: the baseline); default: this tree only")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", default="", help="(child) import sluice from this tree")
+    ap.add_argument("--base-rev", default="",
+                    help="a baseline variant first: this git revision with its own native module")
     a = ap.parse_args()
     if a.child:
         child(a)
         return
     variants = [v.split("=", 1) for v in (a.variant or ["new="])]
+    if a.base_rev:
+        # the baseline first: its own Python and native module (bench/trees.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from trees import prepare_base
+        log(f"building the tree of {a.base_rev} with its native module")
+        base = prepare_base(a.base_rev, Path(tempfile.mkdtemp(prefix="sluice-bench-sparkrows-base-")))
+        variants.insert(0, [f"base {a.base_rev}", f"--tree {base}"])
     res: dict[str, list[dict]] = {label: [] for label, _ in variants}
     digests = set()
     for rnd in range(a.rounds):
