@@ -34,13 +34,13 @@ from .cluster_procs import (POLL_S, _down, _ensure_supervisor, _existing, _start
                             supervisor_running, tail, wait_started, wait_stopped)
 from .cluster_status import (_cell, _down_state, _follow, _is_ha, _print_status, _rows, cmd_logs,
                              cmd_status)
-from .cluster_up import (_free_port, _port_free, _record, _start_one, _wait_up, cmd_up,
+from .cluster_up import (_port_free, _record, _start_one, _wait_up, cmd_up,
                          mariadb_grant, mariadb_install, mariadb_login, up, write_ctl_config)
 
 __all__ = ["add_arguments", "BACKOFF", "capture_streaming", "_cell", "cmd_down", "cmd_logs",
            "cmd_restart", "cmd_start", "cmd_status", "cmd_stop", "cmd_up", "DEFAULT_DIR",
            "describe_exit", "down", "_down", "_down_state", "_ended_since", "_ensure_supervisor",
-           "_existing", "EXITED", "FAILED", "_follow", "_free_port", "Health", "_is_ha", "locked",
+           "_existing", "EXITED", "FAILED", "_follow", "Health", "_is_ha", "locked",
            "mariadb_grant", "mariadb_install", "mariadb_login", "PENDING", "POLL_S", "_port_free",
            "port_open", "_print_status", "read_state", "_record", "Recorded", "_rows", "run",
            "running", "RUNNING", "start_one", "_start_one", "_start_supervisor", "State",

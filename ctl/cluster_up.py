@@ -15,6 +15,7 @@ from typing import Any
 
 from sluice.core import pki
 from sluice.core.errors import ConfigError, SluiceError, Unavailable
+from sluice.core.ports import free_port
 
 from .cluster_config import (ClusterSpec, Layout, ProcessPlan, client_security, cluster_security,
                              generated_certs, load_spec, plan, restart_policy, to_toml)
@@ -70,12 +71,6 @@ def mariadb_login(spec: ClusterSpec, addr: str) -> bool:
     return True
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
         # SO_REUSEADDR as the servers set it: a port in TIME_WAIT after `down` is still reusable.
@@ -122,7 +117,7 @@ def up(layout: Layout, config: str | Path | None, overrides: list[str]) -> int:
             ok = p and (partly or _port_free(spec.host, p)) and p not in ports.values()
             ports[key] = p if ok else 0
             while not ports[key] or list(ports.values()).count(ports[key]) > 1:
-                ports[key] = _free_port(spec.host)
+                ports[key] = free_port(spec.host)
         return ports[key]
 
     plans = plan(spec, layout, port)        # validates every config before anything starts

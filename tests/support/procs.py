@@ -11,14 +11,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sluice.core.ports import free_port  # noqa: F401 - the tests take it from here
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(cond: Callable[[], object], timeout: float = 10.0, interval: float = 0.05,
