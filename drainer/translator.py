@@ -35,7 +35,6 @@ from sluice.proto import sluice_pb2 as pb
 
 INSERT, UPDATE, DELETE, UPSERT = "insert", "update", "delete", "upsert"
 
-_INSERT, _UPDATE, _DELETE = pb.INSERT, pb.UPDATE, pb.DELETE
 # Inexact or unbounded types compare badly in a WHERE built from a full row image.
 _NOT_IN_ROW_IMAGE_WHERE = frozenset({"float", "double", "real"})
 _DATE_TYPES = frozenset({"date", "newdate"})
@@ -75,6 +74,9 @@ class ApplyShape:
     value_cols: list[int] | None = dataclasses.field(init=False, compare=False, repr=False)  # writable; None: all
     key_specs: tuple[tuple[str, tuple[int, ...], bool], ...] = dataclasses.field(
         init=False, compare=False, repr=False)   # (key prefix, columns, primary) per unique index
+    # Columns of the unique keys other than the identity (drainer/sql.py merge_table: a row
+    # keeps its place only if none of them changes).
+    other_unique: tuple[int, ...] = dataclasses.field(init=False, compare=False, repr=False)
     bit_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
     date_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
     decoder: sluice_native.MutationDecoder = dataclasses.field(init=False, compare=False, repr=False)
@@ -96,6 +98,7 @@ class ApplyShape:
         set_(self, "value_cols", None if len(self.writable) == len(self.columns) else list(self.writable))
         set_(self, "key_specs", tuple((f"{qualified}\x00{name}\x00", cols, primary)
                                       for name, cols, primary in self.unique))
+        set_(self, "other_unique", tuple(i for _, cols, _ in self.unique if cols != self.identity for i in cols))
         set_(self, "bit_columns", frozenset(i for i, t in enumerate(self.data_types) if t == "bit"))
         set_(self, "date_columns", frozenset(i for i, t in enumerate(self.data_types) if t in _DATE_TYPES))
         set_(self, "decoder", _decoder(self))
@@ -258,7 +261,9 @@ class Translator:
         snapshot_chunk, mutations = txn.mutations(schema)
         out: list[RowChange] = []
         append = out.append
-        insert_kind = UPSERT if snapshot_chunk else INSERT
+        # RowChange kind by MutationType number: INSERT (1), UPDATE, DELETE, READ (4, a snapshot
+        # read's upsert); any other type is a DecodeError of the decoder.
+        kinds = (None, UPSERT if snapshot_chunk else INSERT, UPDATE, DELETE, UPSERT)
         by_info = self._by_info
         for m in mutations:
             info, name, table, payload, start, end, _ = m
@@ -271,18 +276,12 @@ class Translator:
                 if len(by_info) > 4096:
                     by_info.clear()
                 by_info[id(info)] = (info, name, table, shape)
-            keys = shape.keys
             try:
-                rows = shape.decoder.decode(payload, start, end)
+                # Rows and their causality keys in one native call per mutation.
+                rows = shape.decoder.decode_keyed(payload, start, end, shape.keys)
             except _DECODE_ERRORS:
-                rows = decode_mutation(txn, m, shape)   # raises the named error
-            for tp, before, after in rows:
-                if tp == _UPDATE:
-                    append(RowChange(UPDATE, shape, commit_ts, before, after,
-                                     keys.update_keys(before, after)))
-                elif tp == _DELETE:
-                    append(RowChange(DELETE, shape, commit_ts, before, None, keys.keys(before)))
-                else:
-                    append(RowChange(insert_kind if tp == _INSERT else UPSERT, shape, commit_ts,
-                                     None, after, keys.insert_keys(after)))
+                decode_mutation(txn, m, shape)   # raises the named error
+                raise AssertionError("unreachable") from None
+            for tp, before, after, keys in rows:
+                append(RowChange(kinds[tp], shape, commit_ts, before, after, keys))
         return out
