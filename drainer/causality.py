@@ -30,23 +30,13 @@ import queue
 import threading
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sluice.core.errors import SluiceError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class Keyed(Protocol):
-    """A change that carries its causality keys (the MySQL sink's RowChange)."""
-
-    @property
-    def keys(self) -> Sequence[str]: ...
-
-
-K = TypeVar("K", bound=Keyed)
 
 
 class Causality:
@@ -214,58 +204,6 @@ class Dispatcher(Generic[T]):
         if len(batch) >= self._limit:
             self._send(worker)
         return worker
-
-    def dispatch_txn(self, changes: Sequence[K], commit_ts: int) -> None:
-        """`dispatch(c.keys, c, commit_ts)` for every change of one transaction in order, then
-        `mark_done(commit_ts)`: the same workers and batches, with the bookkeeping shared with
-        applied() (the lock, the pending runs) done once per transaction instead of per change.
-
-        Seqs are published after the loop; a batch handed over before that is still bounded:
-        applied() cannot pass the frontier, which is below commit_ts until the end."""
-        if self._error is not None:
-            raise self._error
-        route, record, committed = self.causality.route, self.causality.record, self.committed
-        opened, limit = self._open, self._limit
-        # worker -> [first seq of this transaction's run, last seq given]
-        runs: dict[int, list[int]] = {}
-        dispatched = self._dispatched
-        for change in changes:
-            keys = change.keys
-            worker = route(keys, committed)
-            if worker is None:
-                # A conflict waits for workers: publish first, then the one-change path.
-                self._publish(runs, commit_ts)
-                runs = {}
-                self.dispatch(keys, change, commit_ts)
-                continue
-            run = runs.get(worker)
-            if run is None:
-                seq = dispatched[worker] + 1
-                runs[worker] = [seq, seq]
-            else:
-                seq = run[1] = run[1] + 1
-            record(keys, worker, seq)
-            batch = opened[worker]
-            batch.append((seq, change))
-            if len(batch) >= limit:
-                self._send(worker)
-        self._publish(runs, commit_ts)
-        with self._lock:
-            if commit_ts > self._frontier:
-                self._frontier = commit_ts
-        if len(self.causality) > 200_000:
-            self.causality.prune(self.committed)
-
-    def _publish(self, runs: dict[int, list[int]], commit_ts: int) -> None:
-        """dispatch_txn's seqs, as dispatch() records them one by one."""
-        if not runs:
-            return
-        with self._lock:
-            for worker, (first, last) in runs.items():
-                self._dispatched[worker] = last
-                if self._last_ts[worker] != commit_ts:
-                    self._pending[worker].append((first, commit_ts))
-                    self._last_ts[worker] = commit_ts
 
     def backlogged(self, on: bool) -> None:
         """While on, batches grow to max_batch before they are handed over (the caller has a

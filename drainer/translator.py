@@ -35,6 +35,7 @@ from sluice.proto import sluice_pb2 as pb
 
 INSERT, UPDATE, DELETE, UPSERT = "insert", "update", "delete", "upsert"
 
+_INSERT, _UPDATE, _DELETE = pb.INSERT, pb.UPDATE, pb.DELETE
 # Inexact or unbounded types compare badly in a WHERE built from a full row image.
 _NOT_IN_ROW_IMAGE_WHERE = frozenset({"float", "double", "real"})
 _DATE_TYPES = frozenset({"date", "newdate"})
@@ -261,9 +262,7 @@ class Translator:
         snapshot_chunk, mutations = txn.mutations(schema)
         out: list[RowChange] = []
         append = out.append
-        # RowChange kind by MutationType number: INSERT (1), UPDATE, DELETE, READ (4, a snapshot
-        # read's upsert); any other type is a DecodeError of the decoder.
-        kinds = (None, UPSERT if snapshot_chunk else INSERT, UPDATE, DELETE, UPSERT)
+        insert_kind = UPSERT if snapshot_chunk else INSERT
         by_info = self._by_info
         for m in mutations:
             info, name, table, payload, start, end, _ = m
@@ -276,12 +275,18 @@ class Translator:
                 if len(by_info) > 4096:
                     by_info.clear()
                 by_info[id(info)] = (info, name, table, shape)
+            keys = shape.keys
             try:
-                # Rows and their causality keys in one native call per mutation.
-                rows = shape.decoder.decode_keyed(payload, start, end, shape.keys)
+                rows = shape.decoder.decode(payload, start, end)
             except _DECODE_ERRORS:
-                decode_mutation(txn, m, shape)   # raises the named error
-                raise AssertionError("unreachable") from None
-            for tp, before, after, keys in rows:
-                append(RowChange(kinds[tp], shape, commit_ts, before, after, keys))
+                rows = decode_mutation(txn, m, shape)   # raises the named error
+            for tp, before, after in rows:
+                if tp == _UPDATE:
+                    append(RowChange(UPDATE, shape, commit_ts, before, after,
+                                     keys.update_keys(before, after)))
+                elif tp == _DELETE:
+                    append(RowChange(DELETE, shape, commit_ts, before, None, keys.keys(before)))
+                else:
+                    append(RowChange(insert_kind if tp == _INSERT else UPSERT, shape, commit_ts,
+                                     None, after, keys.insert_keys(after)))
         return out

@@ -75,7 +75,9 @@ class _Apply(_CreateTables):
                 continue
             if self._declared_only:
                 self._rows_written(item.changes)
-            d.dispatch_txn(item.changes, cts)
+            for change in item.changes:
+                d.dispatch(change.keys, change, cts)
+            d.mark_done(cts)
             txns += 1
         self._m.txns.inc(txns)
         # Partial batches are committed now rather than at the next input or flush: latency.

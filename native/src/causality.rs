@@ -146,20 +146,6 @@ fn push_new(out: &mut Vec<Key>, k: Key) {
     }
 }
 
-impl KeyBuilder {
-    /// The keys of one row change by its MutationType number (prewrite.rs `decode_keyed`):
-    /// UPDATE (2) `update_keys`, DELETE (3) `keys` of the before image, any other (INSERT,
-    /// READ) `insert_keys` of the after image — the translator's rule.
-    pub(crate) fn change_keys<'py>(&self, py: Python<'py>, tp: i32, before: &Bound<'py, PyAny>,
-                                   after: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
-        match tp {
-            2 => self.update_keys(py, before.cast::<PyTuple>()?, after.cast::<PyTuple>()?),
-            3 => self.keys(py, before.cast::<PyTuple>()?),
-            _ => self.insert_keys(py, after.cast::<PyTuple>()?),
-        }
-    }
-}
-
 #[pymethods]
 impl KeyBuilder {
     /// specs: (key prefix, column positions, primary) per unique index (ApplyShape.key_specs);

@@ -17,9 +17,6 @@
 //!   `payload[start:end]`: `tp` the MutationType number, `before` (UPDATE, DELETE) and `after`
 //!   (INSERT, UPDATE, READ) tuples of visible values, else None. A row of `total` values drops
 //!   the hidden ones; one of as many values as visible columns is taken as is.
-//!   `decode_keyed(payload, start, end, keys) -> [(tp, before, after, keys), ...]`: the same
-//!   rows with each change's causality keys from the shape's `KeyBuilder` (causality.rs), so
-//!   the translator makes one native call per mutation rather than one more per row.
 //!
 //! Values (exactly drainer/translator.py's former `decode_row`, kept in tests/support/
 //! pytranslate.py as the differential oracle): NULL or an empty Datum -> None, int / uint ->
@@ -41,7 +38,6 @@ use pyo3::exceptions::{PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-use crate::causality::KeyBuilder;
 use crate::wire::{Rd, WireResult};
 use crate::DecodeError;
 
@@ -649,34 +645,11 @@ impl MutationDecoder {
 
     /// See the module doc.
     fn decode<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyBytes>, start: usize, end: usize) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
-        self.walk(py, payload, start, end, |tp, before, after| out.append((tp, before, after)))?;
-        Ok(out)
-    }
-
-    /// `decode`'s rows with each change's causality keys from `keys` (the shape's KeyBuilder,
-    /// causality.rs: `update_keys` / `keys(before)` / `insert_keys(after)` by type), in the same
-    /// call: `[(tp, before, after, keys), ...]`. Errors as `decode`'s, raised at the same row.
-    fn decode_keyed<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyBytes>, start: usize, end: usize,
-                         keys: PyRef<'py, KeyBuilder>) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
-        self.walk(py, payload, start, end, |tp, before, after| {
-            let k = keys.change_keys(py, tp, &before, &after)?;
-            out.append((tp, before, after, k))
-        })?;
-        Ok(out)
-    }
-}
-
-impl MutationDecoder {
-    /// Each row change of the mutation body at `payload[start:end]`, decoded, to `emit(tp, before,
-    /// after)` in wire order (None for an image the type does not carry).
-    fn walk<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyBytes>, start: usize, end: usize,
-                 mut emit: impl FnMut(i32, Bound<'py, PyAny>, Bound<'py, PyAny>) -> PyResult<()>) -> PyResult<()> {
         let b = payload.as_bytes();
         if start > end || end > b.len() {
             return Err(PyValueError::new_err(format!("mutation [{start}, {end}) outside a payload of {} bytes", b.len())));
         }
+        let out = PyList::empty(py);
         let mut datums = Vec::new();
         let mut r = Rd::new(b, start, end);
         let mut index = 0usize;
@@ -702,9 +675,9 @@ impl MutationDecoder {
             } else {
                 py.None().into_bound(py)
             };
-            emit(ch.tp, before, after)?;
+            out.append((ch.tp, before, after))?;
             index += 1;
         }
-        Ok(())
+        Ok(out)
     }
 }

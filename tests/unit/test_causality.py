@@ -4,22 +4,12 @@ import random
 import threading
 import time
 
-from typing import NamedTuple
-
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from sluice.drainer.causality import Causality, Dispatcher
 
 
-class _Change(NamedTuple):
-    n: int
-    keys: tuple[str, ...]
-
-
-@pytest.mark.parametrize("per_txn", [False, True], ids=["dispatch", "dispatch_txn"])
-def test_two_changes_sharing_a_key_are_applied_in_source_order(per_txn):
+def test_two_changes_sharing_a_key_are_applied_in_source_order():
     """Two row changes that share a causality key are applied in source order. A change goes to
     the worker that holds one of its keys; a change whose keys are held by several workers stays
     with one of them and waits until each of the others has committed everything it was given."""
@@ -44,23 +34,15 @@ def test_two_changes_sharing_a_key_are_applied_in_source_order(per_txn):
 
     d: Dispatcher = Dispatcher(8, 5, execute, queue_size=16)
     d.start()
-    n = 0
-    for ts in range(1, 1001):
-        # Transactions of 1-5 changes (dispatch_txn: one call each).
-        txn = []
-        for _ in range(rng.randint(1, 5)):
-            keys = tuple(dict.fromkeys(f"k{rng.randint(0, 60)}" for _ in range(rng.randint(1, 3))))
-            txn.append(_Change(n, keys))
-            n += 1
-        if per_txn:
-            d.dispatch_txn(txn, ts)
-        else:
-            for change in txn:
-                d.dispatch(change.keys, change, commit_ts=ts)
-            d.mark_done(ts)
+    changes = []
+    for n in range(3000):
+        keys = tuple(dict.fromkeys(f"k{rng.randint(0, 60)}" for _ in range(rng.randint(1, 3))))
+        changes.append((n, keys))
+        d.dispatch(keys, (n, keys), commit_ts=n + 1)
+        d.mark_done(n + 1)
     d.flush()
     d.close()
-    assert sorted(n for _, n, _ in applied) == list(range(n))
+    assert sorted(n for _, n, _ in applied) == list(range(3000))
     # Per key, the commit order equals the source order.
     last: dict[str, int] = {}
     for _, n, keys in applied:
@@ -68,61 +50,7 @@ def test_two_changes_sharing_a_key_are_applied_in_source_order(per_txn):
             assert last.get(k, -1) < n, f"key {k}: change {n} applied after {last[k]}"
             last[k] = n
     assert d.conflicts > 0 and d.waited_workers >= d.conflicts
-    assert d.applied() == 1000
-
-
-def _state(d: Dispatcher) -> tuple:
-    """Everything dispatching leaves behind while no worker runs: queued and open batches, seqs,
-    pending runs per transaction, the frontier and the key relations."""
-    queued = [list(q.queue) for q in d._queues]
-    return (queued, d._open, d._dispatched, [list(p) for p in d._pending], d._last_ts,
-            d._frontier, dict(d.causality._relations), d.applied())
-
-
-# Mostly one key per change (a table with a primary key), some with none or several.
-_KEY = st.sampled_from([f"k{i}" for i in range(40)])
-_KEYS = st.one_of(st.lists(_KEY, min_size=1, max_size=1),
-                  st.lists(_KEY, min_size=0, max_size=3, unique=True))
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(txns=st.lists(st.lists(_KEYS, min_size=0, max_size=6), max_size=30),
-       batch_size=st.integers(1, 4), backlog=st.booleans())
-def test_dispatch_txn_places_every_change_as_dispatch_and_mark_done_did(txns, batch_size, backlog):
-    """dispatch_txn(changes, ts) leaves the dispatcher exactly as dispatch() of each change in
-    order and mark_done(ts) did: the same workers, batches (handed over mid-transaction when full),
-    seqs, pending runs, frontier and key relations (no worker runs, so none commits between)."""
-    old: Dispatcher = Dispatcher(3, batch_size, lambda w, items: None, queue_size=100_000, max_batch=7)
-    new: Dispatcher = Dispatcher(3, batch_size, lambda w, items: None, queue_size=100_000, max_batch=7)
-    old.backlogged(backlog)
-    new.backlogged(backlog)
-    n = 0
-    for ts, keys_list in enumerate(txns, start=1):
-        txn = []
-        for keys in keys_list:
-            txn.append(_Change(n, tuple(keys)))
-            n += 1
-        # A conflict waits for workers, which do not run here: such transactions are the
-        # threaded test's (above); stop before one.
-        probe = Causality(3)
-        probe._relations = dict(old.causality._relations)
-        if any(_conflicts(probe, c.keys, old) for c in txn):
-            break
-        for change in txn:
-            old.dispatch(change.keys, change, ts)
-        old.mark_done(ts)
-        new.dispatch_txn(txn, ts)
-        assert _state(new) == _state(old)
-    assert new.conflicts == old.conflicts == 0
-
-
-def _conflicts(probe: Causality, keys: tuple[str, ...], d: Dispatcher) -> bool:
-    """Whether routing keys next (after recording the changes before it) is a conflict."""
-    worker = probe.route(keys, d.committed)
-    if worker is None:
-        return True
-    probe.record(keys, worker, 10**9)   # held, whatever its seq
-    return False
+    assert d.applied() == 3000
 
 
 def test_a_conflict_waits_only_for_the_workers_holding_its_keys():

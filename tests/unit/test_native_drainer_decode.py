@@ -335,23 +335,3 @@ def test_random_datums_in_random_columns_decode_as_the_python_path_did(changes, 
         out.append(pb.RowChange(tp=tp, before=row if tp in (pb.UPDATE, pb.DELETE) else None,
                                 after=row if tp != pb.DELETE else None))
     assert_same(txn(prewrite_value(HIDDEN.mutation(*out), snapshot_chunk=snapshot_chunk), 25), h)
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 2**32 - 1))
-def test_rows_with_their_keys_in_one_call_are_decode_and_the_key_builder_per_row(seed):
-    """decode_keyed (the translator's one native call per mutation) gives decode's rows, each
-    with the KeyBuilder's keys of its type: update_keys, keys of a delete's before image,
-    insert_keys of any other's after image."""
-    wl = RandomWorkload(seed, "rnd", keys=40, max_rows=6, keyless=True)
-    txns = wl.transactions(25, 100)
-    h = history_of(txns[:1])
-    tr = Translator()
-    for t in txns[1:]:
-        for m in t.mutations(h)[1]:
-            shape = tr.shape(m.info, m.schema, m.table)
-            keyed = shape.decoder.decode_keyed(m.payload, m.start, m.end, shape.keys)
-            rows = shape.decoder.decode(m.payload, m.start, m.end)
-            k = shape.keys
-            assert keyed == [(tp, b, a, k.update_keys(b, a) if tp == pb.UPDATE else
-                              k.keys(b) if tp == pb.DELETE else k.insert_keys(a)) for tp, b, a in rows]
