@@ -45,7 +45,8 @@ then flushed. Old and new trees alternate within every round, each in its own pr
 native module, built by bench/drainer_read.py's prepare_base, imported from there); reported: CPU ms per transaction of the drainer process
 (user + system, all threads) and of mariadbd, and the CPU µs per transaction of the in-process
 stages (`from_framed`, `translate`, `batch_sql` over 20-row worker batches; process_time, gc
-off, the least of 3 passes); medians over --repeat rounds, load average per run. Each run's downstream is checked
+off, the least of 3 passes); medians over --repeat rounds, load average per run. The child runs
+with the drainer's GC settings (drainer/main.py tune_gc), as the drainer process does. Each run's downstream is checked
 equal to the workload's model.
 
 Run: .venv/bin/python bench/drainer_apply.py [--txns 50000] [--keys N (default: --txns)]
