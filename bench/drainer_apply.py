@@ -45,14 +45,15 @@ then flushed. Old and new trees alternate within every round, each in its own pr
 native module, built by bench/trees.py's prepare_base); reported: CPU ms per transaction of the drainer process
 (user + system, all threads) and of mariadbd, and the CPU µs per transaction of the in-process
 stages (`from_framed`, `translate`, `batch_sql` over 20-row worker batches; process_time, gc
-off, the least of 3 passes); medians over --repeat rounds, load average per run. Each run's downstream is checked
+off, the least of 3 passes); medians over --repeat rounds, load average per run. The child runs
+with the drainer's GC settings (drainer/main.py tune_gc), as the drainer process does. Each run's downstream is checked
 equal to the workload's model.
 
 Run: .venv/bin/python bench/drainer_apply.py [--txns 50000] [--keys N (default: --txns)]
      [--workers 4,16] [--keyless both|with|without] [--batch 20] [--backlog 500] [--repeat 1]
      [--durable]   (--durable: innodb_flush_log_at_trx_commit=1, sync_binlog=1)
      [--paths native,python] [--decode-repeat 5] [--decode-only]
-     .venv/bin/python bench/drainer_apply.py --sysbench [--base-rev HEAD~1] [--txns 8000]
+     .venv/bin/python bench/drainer_apply.py --sysbench [--base-rev HEAD~1 | --base-tree DIR] [--txns 8000]
      [--sb-rows 10000] [--apply-batch 16] [--rate 1500] [--repeat 3]
 """
 from __future__ import annotations
@@ -328,6 +329,11 @@ def sb_child(args: argparse.Namespace) -> None:
                      ("batch_sql", (t3 - t2) / n)):
             stages[k] = min(stages.get(k, 1e9), v * 1e6)
     gc.collect()
+    # The drainer process's own GC settings (drainer/main.py: frozen start-up objects, rare
+    # collections): with the default thresholds this run's collections were ~6% of its CPU,
+    # which the drainer does not pay.
+    from sluice.drainer.main import tune_gc
+    tune_gc()
     from tests.support.mariadb import ROOT_PASSWORD
     cfg = MySQLSinkConfig(port=args.port, user="root", password=ROOT_PASSWORD, checkpoint_schema="sluice_bench_cp",
                           txn_batch=args.batch, txn_batch_backlog=args.backlog)
@@ -377,7 +383,7 @@ def sb_main(args: argparse.Namespace) -> None:
     load_start = os.getloadavg()
     runs: dict[str, list[dict]] = {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="sluice-bench-sb-") as tmp:
-        base = base_tree(args.base_rev, Path(tmp))
+        base = Path(args.base_tree) if args.base_tree else base_tree(args.base_rev, Path(tmp))
         server = MariaDBServer(Path(tmp) / "db").start()
         try:
             for r in range(args.repeat):
@@ -404,7 +410,7 @@ def sb_main(args: argparse.Namespace) -> None:
     print(f"# MySQL drainer, sysbench oltp_write_only shape: {args.txns} transactions (4 row changes "
           f"each, 4 tables of {args.sb_rows} rows), apply() calls of {args.apply_batch} transactions "
           f"paced at {args.rate or 'unbounded'} tps, txn-batch {args.batch}, 4 workers; old = "
-          f"{args.base_rev}, new = this tree; median of {args.repeat} alternating rounds")
+          f"{args.base_tree or args.base_rev}, new = this tree; median of {args.repeat} alternating rounds")
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, load average (1 min) {load_start[0]:.1f} "
           f"at start, {min(loads):.1f}-{max(loads):.1f} after the runs, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; total {time.perf_counter() - started:.0f} s")
@@ -438,6 +444,8 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="only the decode + translate step")
     ap.add_argument("--sysbench", action="store_true", help="the sysbench shape, old tree vs new")
     ap.add_argument("--base-rev", default="HEAD~1", help="--sysbench: the baseline revision")
+    ap.add_argument("--base-tree", help="--sysbench: a baseline tree prepared before (bench/drainer_read.py "
+                    "prepare_base), instead of building one from --base-rev")
     ap.add_argument("--sb-rows", type=int, default=10000)
     ap.add_argument("--rate", type=float, default=1500, help="--sysbench: transactions per second, 0 = unpaced")
     ap.add_argument("--sysbench-child", action="store_true", help=argparse.SUPPRESS)

@@ -256,7 +256,7 @@ def merge_table(shape: ApplyShape, changes: Sequence[RowChange], safe: bool
         if any(isinstance(v, str) for v in parts):
             if folded.setdefault(tuple([fold(v) for v in parts]), key) is not key:
                 return None
-    others = [i for _, cols, _ in shape.unique if cols != ident for i in cols]
+    others = shape.other_unique
     gone: list[Any] = []                    # DELETE by identity
     fresh: list[tuple[Any, ...]] = []       # INSERT (REPLACE)
     kept: list[tuple[Any, ...]] = []        # existed, every unique value unchanged: upsert in place
@@ -270,7 +270,7 @@ def merge_table(shape: ApplyShape, changes: Sequence[RowChange], safe: bool
                 fresh.append(final)
         elif final is None:
             gone.append(key)
-        elif all(first[i] == final[i] for i in others):
+        elif not others or all(first[i] == final[i] for i in others):
             kept.append(final)
         else:
             # A unique value moves: the old row goes first, so no final row meets it.

@@ -75,6 +75,9 @@ class ApplyShape:
     value_cols: list[int] | None = dataclasses.field(init=False, compare=False, repr=False)  # writable; None: all
     key_specs: tuple[tuple[str, tuple[int, ...], bool], ...] = dataclasses.field(
         init=False, compare=False, repr=False)   # (key prefix, columns, primary) per unique index
+    # Columns of the unique keys other than the identity (drainer/sql.py merge_table: a row
+    # keeps its place only if none of them changes).
+    other_unique: tuple[int, ...] = dataclasses.field(init=False, compare=False, repr=False)
     bit_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
     date_columns: frozenset[int] = dataclasses.field(init=False, compare=False, repr=False)
     decoder: sluice_native.MutationDecoder = dataclasses.field(init=False, compare=False, repr=False)
@@ -96,6 +99,7 @@ class ApplyShape:
         set_(self, "value_cols", None if len(self.writable) == len(self.columns) else list(self.writable))
         set_(self, "key_specs", tuple((f"{qualified}\x00{name}\x00", cols, primary)
                                       for name, cols, primary in self.unique))
+        set_(self, "other_unique", tuple(i for _, cols, _ in self.unique if cols != self.identity for i in cols))
         set_(self, "bit_columns", frozenset(i for i, t in enumerate(self.data_types) if t == "bit"))
         set_(self, "date_columns", frozenset(i for i, t in enumerate(self.data_types) if t in _DATE_TYPES))
         set_(self, "decoder", _decoder(self))

@@ -37,7 +37,7 @@ from sluice.drainer.sinks.mysql_errors import (CONNECTION_ERRORS, FENCE_GUARD_ER
                                                CreateTableError, RetriesExhausted, SinkFenced)
 from sluice.drainer.sinks.mysql_work import _CreateWork, _DDLWork, _RowsWork
 from sluice.drainer.sql import quote_id
-from sluice.drainer.translator import RowChange, Translator
+from sluice.drainer.translator import DELETE, INSERT, UPDATE, UPSERT, RowChange, Translator
 from sluice.drainer.txn import SchemaLookup, Txn
 
 # Re-exported: `from sluice.drainer.sinks.mysql import X` keeps working for every public name.
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 class _SinkMetrics:
     def __init__(self, metrics: Metrics) -> None:
         self.rows = metrics.counter("mysql_sink_rows_total", "Row changes committed downstream", ("kind",))
+        # Each worker batch counts its rows per kind: the labelled children looked up once.
+        self.rows_by_kind = {k: self.rows.labels(k) for k in (INSERT, UPDATE, DELETE, UPSERT)}
         self.txns = metrics.counter("mysql_sink_txns_total", "Source transactions dispatched")
         self.conflicts = metrics.counter("mysql_sink_conflicts_total",
                                          "Causality conflicts (each waits for the conflicting workers)")

@@ -2,7 +2,9 @@
 workers, one downstream transaction per worker batch (fenced, retried, diagnosed on failure)."""
 from __future__ import annotations
 
+import collections
 import logging
+import operator
 import time
 
 import pymysql
@@ -20,6 +22,8 @@ from sluice.drainer.translator import RowChange
 from sluice.drainer.txn import Txn
 from sluice.core.errors import InvalidArgument
 from sluice.proto import sluice_pb2 as pb
+
+_kind = operator.attrgetter("kind")
 
 # One logger name for the whole sink, whichever part logs.
 log = logging.getLogger("sluice.drainer.sinks.mysql")
@@ -123,7 +127,12 @@ class _Apply(_CreateTables):
         """One worker batch = one downstream transaction (runs in worker thread w)."""
         d = self._dispatcher
         assert d is not None
-        safe = [self._is_safe(c.commit_ts) for c in changes]
+        # A worker's batch is in commit order (drainer/causality.py), so outside safe mode and
+        # past the safe-mode bound at its first change, no change of it is in safe mode.
+        if not self._cfg.safe_mode and changes[0].commit_ts > self._safe_until:
+            safe = [False] * len(changes)
+        else:
+            safe = [self._is_safe(c.commit_ts) for c in changes]
         statements = batch_sql(changes, safe)
         batch_id = f"{self._run_id}:{w}:{next(self._batch_ids)}"
         started = time.monotonic()
@@ -173,11 +182,9 @@ class _Apply(_CreateTables):
             raise self._diagnose(w, changes, safe, statements, e) from e
         failpoint.inject("mysql-sink-after-commit")
         self._m.batch.observe(time.monotonic() - started)
-        kinds: dict[str, int] = {}
-        for c in changes:
-            kinds[c.kind] = kinds.get(c.kind, 0) + 1
-        for kind, n in kinds.items():
-            self._m.rows.labels(kind).inc(n)
+        rows = self._m.rows_by_kind
+        for kind, n in collections.Counter(map(_kind, changes)).items():
+            rows[kind].inc(n)
 
     def _worker_failed(self, w: int, e: BaseException) -> None:
         conn = self._workers[w]

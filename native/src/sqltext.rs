@@ -20,19 +20,26 @@ use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 fn escape_into(s: &[u8], out: &mut Vec<u8>) {
+    out.reserve(s.len() + 2);
     out.push(b'\'');
-    for &c in s {
-        match c {
-            0 => out.extend_from_slice(b"\\0"),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            0x1a => out.extend_from_slice(b"\\Z"),
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\'' => out.extend_from_slice(b"\\'"),
-            _ => out.push(c),
-        }
+    // Runs of bytes that need no escape are copied whole (most text has none to escape).
+    let mut run = 0;
+    for (i, &c) in s.iter().enumerate() {
+        let esc: &[u8] = match c {
+            0 => b"\\0",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            0x1a => b"\\Z",
+            b'"' => b"\\\"",
+            b'\'' => b"\\'",
+            _ => continue,
+        };
+        out.extend_from_slice(&s[run..i]);
+        out.extend_from_slice(esc);
+        run = i + 1;
     }
+    out.extend_from_slice(&s[run..]);
     out.push(b'\'');
 }
 
