@@ -444,7 +444,7 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="only the decode + translate step")
     ap.add_argument("--sysbench", action="store_true", help="the sysbench shape, old tree vs new")
     ap.add_argument("--base-rev", default="HEAD~1", help="--sysbench: the baseline revision")
-    ap.add_argument("--base-tree", help="--sysbench: a baseline tree prepared before (bench/drainer_read.py "
+    ap.add_argument("--base-tree", help="--sysbench: a baseline tree prepared before (bench/trees.py "
                     "prepare_base), instead of building one from --base-rev")
     ap.add_argument("--sb-rows", type=int, default=10000)
     ap.add_argument("--rate", type=float, default=1500, help="--sysbench: transactions per second, 0 = unpaced")
