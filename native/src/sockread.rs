@@ -14,8 +14,11 @@
 
 use std::io;
 use std::os::raw::{c_int, c_short, c_ulong, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
@@ -94,30 +97,34 @@ fn recv_into(fd: c_int, buf: &mut Vec<u8>, want: usize) -> Result<Option<usize>,
 }
 
 /// The dump connection's reader: `fd` is the connection's socket (Python keeps owning it and
-/// closes it); `seq` the sequence number of the next packet.
-#[pyclass(module = "sluice_native")]
+/// closes it); `seq` the sequence number of the next packet. Frozen, its state behind a lock
+/// held through a read: `reads` stays readable from other threads (the capture's metrics) while
+/// the reader thread waits without the GIL.
+#[pyclass(module = "sluice_native", frozen)]
 pub(crate) struct PacketReader {
     fd: c_int,
-    buf: Vec<u8>,          // bytes read and not yet handed back (an incomplete payload)
-    seq: u8,
-    failed: Option<Failure>, // a failure while lingering, after whole payloads: the next read's
-    /// socket reads so far (sluice_capture_source_reads_total)
-    #[pyo3(get)]
-    reads: u64,
+    state: Mutex<State>,
+    reads: AtomicU64,
 }
 
-impl PacketReader {
+struct State {
+    buf: Vec<u8>,            // bytes read and not yet handed back (an incomplete payload)
+    seq: u8,
+    failed: Option<Failure>, // a failure while lingering, after whole payloads: the next read's
+}
+
+impl State {
     /// Reads (no GIL) until a whole payload is buffered, then lingers as the module says.
-    fn fill(&mut self, timeout: Option<Duration>, chunk: usize, small: usize,
-            linger: Duration, linger_max: Duration) -> Result<(), Failure> {
+    fn fill(&mut self, fd: c_int, reads: &AtomicU64, timeout: Option<Duration>, chunk: usize,
+            small: usize, linger: Duration, linger_max: Duration) -> Result<(), Failure> {
         let mut last = 0usize;
         while !has_payload(&self.buf, self.seq) {
-            if !wait_readable(self.fd, timeout).map_err(|e| Failure::Error(e.to_string()))? {
+            if !wait_readable(fd, timeout).map_err(|e| Failure::Error(e.to_string()))? {
                 return Err(Failure::Error("timed out".into()));
             }
             let want = chunk.max(missing_bytes(&self.buf));
-            if let Some(n) = recv_into(self.fd, &mut self.buf, want)? {
-                self.reads += 1;
+            if let Some(n) = recv_into(fd, &mut self.buf, want)? {
+                reads.fetch_add(1, Ordering::Relaxed);
                 last = n;
             }
         }
@@ -130,7 +137,7 @@ impl PacketReader {
             if left.is_zero() {
                 break;
             }
-            match wait_readable(self.fd, Some(left.min(linger))) {
+            match wait_readable(fd, Some(left.min(linger))) {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => {
@@ -138,9 +145,9 @@ impl PacketReader {
                     break;
                 }
             }
-            match recv_into(self.fd, &mut self.buf, chunk) {
+            match recv_into(fd, &mut self.buf, chunk) {
                 Ok(Some(n)) => {
-                    self.reads += 1;
+                    reads.fetch_add(1, Ordering::Relaxed);
                     if n >= small {
                         break; // the source is sending faster than a trickle: hand it over
                     }
@@ -160,12 +167,20 @@ impl PacketReader {
 impl PacketReader {
     #[new]
     fn new(fd: c_int, seq: u8) -> Self {
-        PacketReader { fd, buf: Vec::new(), seq, failed: None, reads: 0 }
+        PacketReader { fd, state: Mutex::new(State { buf: Vec::new(), seq, failed: None }),
+                       reads: AtomicU64::new(0) }
+    }
+
+    /// Socket reads so far (sluice_capture_source_reads_total).
+    #[getter]
+    fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     /// Bytes already read from the connection by someone else (its buffered reader), first.
-    fn feed(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+    fn feed(&self, data: &[u8]) -> PyResult<()> {
+        self.state()?.buf.extend_from_slice(data);
+        Ok(())
     }
 
     /// The next payloads -> `(payloads, next_seq, bad_seq, error)`, as `split_packets` says for
@@ -174,18 +189,21 @@ impl PacketReader {
     /// when `timeout` seconds passed without a byte; None: no limit). A failure met while
     /// lingering after whole payloads is returned by the next call, after them.
     #[pyo3(signature = (timeout, chunk, small, linger_ms, linger_max_ms))]
-    fn read<'py>(&mut self, py: Python<'py>, timeout: Option<f64>, chunk: usize, small: usize,
+    fn read<'py>(&self, py: Python<'py>, timeout: Option<f64>, chunk: usize, small: usize,
                  linger_ms: f64, linger_max_ms: f64)
                  -> PyResult<(Bound<'py, PyList>, u8, i32, Option<String>)> {
+        let mut st = self.state()?;
         let out = PyList::empty(py);
-        if !has_payload(&self.buf, self.seq) {
-            let failed = match self.failed.take() {
+        if !has_payload(&st.buf, st.seq) {
+            let failed = match st.failed.take() {
                 Some(f) => Err(f),
                 None => {
                     let timeout = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
                     let linger = Duration::from_secs_f64(linger_ms.max(0.0) / 1000.0);
                     let linger_max = Duration::from_secs_f64(linger_max_ms.max(0.0) / 1000.0);
-                    py.detach(|| self.fill(timeout, chunk.max(1), small, linger, linger_max))
+                    let (fd, reads) = (self.fd, &self.reads);
+                    let st = &mut *st;
+                    py.detach(|| st.fill(fd, reads, timeout, chunk.max(1), small, linger, linger_max))
                 }
             };
             if let Err(f) = failed {
@@ -193,12 +211,22 @@ impl PacketReader {
                     Failure::Closed => String::new(),
                     Failure::Error(t) => t,
                 };
-                return Ok((out, self.seq, -1, Some(text)));
+                return Ok((out, st.seq, -1, Some(text)));
             }
         }
-        let (used, seq, bad) = split_into(py, &self.buf, self.seq, &out)?;
-        self.buf.drain(..used);
-        self.seq = seq;
+        let (used, seq, bad) = split_into(py, &st.buf, st.seq, &out)?;
+        st.buf.drain(..used);
+        st.seq = seq;
         Ok((out, seq, bad, None))
+    }
+}
+
+impl PacketReader {
+    /// The state, for the one thread that reads (a second one at once is a caller's bug: refused
+    /// rather than waited for, which could deadlock on the GIL).
+    fn state(&self) -> PyResult<MutexGuard<'_, State>> {
+        self.state.try_lock().map_err(|_| {
+            PyRuntimeError::new_err("sluice_native.PacketReader used by two threads at once")
+        })
     }
 }
