@@ -116,8 +116,8 @@ _READ_CHUNK = 256 * 1024
 # keeps reading while more bytes come within _LINGER_MS of each other, _LINGER_MAX_MS at most
 # (native/src/sockread.rs): fewer, larger batches per GIL hand-over, never a sleep.
 _SMALL_READ = 16 * 1024
-_LINGER_MS = 1.0
-_LINGER_MAX_MS = 4.0
+_LINGER_MS = 2.0
+_LINGER_MAX_MS = 10.0
 # A group bigger than this is read event by event rather than scanned again after every read.
 _MAX_WHOLE_BYTES = 4 * 1024 * 1024
 _LOST = "Lost connection to MySQL server during query"
