@@ -37,7 +37,8 @@ first baseline tree's last run to FILE.baseline.
    run a fresh `sluice capture` at the source's current GTID, and sysbench `oltp_write_only`
    paced at `--rate` for `--rate-seconds`; the window runs from the capture's first metrics
    answer in the streaming state until its metrics say every sysbench transaction is committed.
-   Per source transaction it reports the capture process's CPU (/proc, all threads), its
+   Per source transaction it reports the capture process's CPU (/proc, all threads) and that of
+   its main thread (the event loop) and of its busiest other thread (the binlog reader), its
    voluntary context switches (/proc/<pid>/task/*/status: every time a thread of it blocked and
    was woken — socket reads that waited, loop wake-ups, gRPC completions, GIL hand-overs between
    its threads), its groups, the
@@ -281,6 +282,18 @@ def _scrape(addr: str) -> dict[str, float]:
     return out
 
 
+def _thread_cpu_s(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of a process so far, by thread id (/proc)."""
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue    # a thread that ended meanwhile
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def _ctx_switches(pid: int) -> int:
     """Voluntary context switches of every thread of a process so far: each time one of its
     threads blocked (a socket read that waited, the loop's poll, a GIL hand-over) and was woken.
@@ -309,6 +322,8 @@ class RateRun:
     wakeups: float | None  # cross-thread wake-ups of the event loop (None: not exported)
     group_ms: float        # mean prewrite -> commit-ack time of a group
     drain_s: float         # from sysbench's end to the last transaction committed
+    loop_s: float = float("nan")     # the main thread's CPU over the window (the event loop)
+    reader_s: float = float("nan")   # the busiest other thread's: the binlog reader
 
 
 _READS = "sluice_capture_source_reads_total"
@@ -360,7 +375,7 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
                 "--function", "--rate", "200", "--format", "raw",
                 "--output", str(profile)], cluster.workdir / f"{producer}-py-spy.log").start()
         m0, w0 = _scrape(metrics), pumps_writes()
-        cpu0, ctx0 = _cpu_s(proc.pid), _ctx_switches(proc.pid)
+        cpu0, ctx0, th0 = _cpu_s(proc.pid), _ctx_switches(proc.pid), _thread_cpu_s(proc.pid)
         res = sb.run(seconds, rate)
         ended = time.time()
         want = m0.get("sluice_capture_transactions_total", 0.0) + res.transactions
@@ -374,7 +389,9 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
                                    f"(at {m1.get('sluice_capture_transactions_total')} of {want})")
             time.sleep(0.05)
         drained = time.time()
-        cpu1, ctx1 = _cpu_s(proc.pid), _ctx_switches(proc.pid)
+        cpu1, ctx1, th1 = _cpu_s(proc.pid), _ctx_switches(proc.pid), _thread_cpu_s(proc.pid)
+        th = {t: c - th0.get(t, 0.0) for t, c in th1.items()}
+        loop_s = th.pop(proc.pid, float("nan"))
         w1 = pumps_writes()
         # The counters of the reads and wake-ups are published by the capture once a second.
         time.sleep(1.2)
@@ -390,7 +407,8 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
             groups=delta("sluice_capture_groups_total"), pump_writes=w1 - w0,
             reads=delta(_READS, m2) if _READS in m2 else None,
             wakeups=delta(_WAKEUPS, m2) if _WAKEUPS in m2 else None,
-            group_ms=1000 * gs / gc if gc else float("nan"), drain_s=drained - ended)
+            group_ms=1000 * gs / gc if gc else float("nan"), drain_s=drained - ended,
+            loop_s=loop_s, reader_s=max(th.values(), default=float("nan")))
     finally:
         if spy is not None:
             spy.signal(2)
@@ -409,9 +427,10 @@ def print_rate(a, variants: list[tuple[str, list[RateRun]]], loads: list[float])
           f"live into 2 pumps; median of {a.repeat}, alternating; load average at each run's start: "
           f"{', '.join(f'{x:.1f}' for x in loads)}")
     print()
-    print("| capture | tps | CPU ms / txn | runs (CPU ms/txn) | voluntary ctx switches / txn | socket reads / txn "
+    print("| capture | tps | CPU ms / txn | runs (CPU ms/txn) | reader thread ms / txn | loop thread ms / txn "
+          "| voluntary ctx switches / txn | socket reads / txn "
           "| loop wake-ups / txn | txns / group | pump writes / txn | group ms | drain s |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, runs in variants:
         per = [1000 * r.cpu_s / r.txns for r in runs]
 
@@ -419,7 +438,8 @@ def print_rate(a, variants: list[tuple[str, list[RateRun]]], loads: list[float])
             vals = [f(r) for r in runs]
             return "n/a" if any(v is None for v in vals) else f"{med(vals):.3f}"
         print(f"| {name} | {med(r.tps for r in runs):,.0f} | {med(per):.4f} | "
-              f"{', '.join(f'{x:.4f}' for x in per)} | {m(lambda r: r.ctx / r.txns)} | "
+              f"{', '.join(f'{x:.4f}' for x in per)} | {med(1000 * r.reader_s / r.txns for r in runs):.4f} | "
+              f"{med(1000 * r.loop_s / r.txns for r in runs):.4f} | {m(lambda r: r.ctx / r.txns)} | "
               f"{m(lambda r: None if r.reads is None else r.reads / r.txns)} | "
               f"{m(lambda r: None if r.wakeups is None else r.wakeups / r.txns)} | "
               f"{m(lambda r: r.txns / r.groups if r.groups else 0.0)} | "
@@ -429,7 +449,7 @@ def print_rate(a, variants: list[tuple[str, list[RateRun]]], loads: list[float])
         base = med(1000 * r.cpu_s / r.txns for r in variants[0][1])
         for name, runs in variants[1:]:
             ours = med(1000 * r.cpu_s / r.txns for r in runs)
-            print(f"| {name} vs {variants[0][0]} (CPU) | | {base / ours:.2f}x less | | | | | | | | |")
+            print(f"| {name} vs {variants[0][0]} (CPU) | | {base / ours:.2f}x less | | | | | | | | | | |")
     print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
           f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, "
           f"date {time.strftime('%Y-%m-%d %H:%M')}")

@@ -1,7 +1,8 @@
 """mysql-replication's BinLogStreamReader made strict: native event framing, no skipped rows.
 
 Rows, GTID and XID events and known TableMaps are framed by the native core
-(`sluice_native.parse_event`, packets split by `sluice_native.split_packets`), so the library
+(`sluice_native.parse_event`, the dump connection read and split into packets by
+`sluice_native.PacketReader`), so the library
 never parses a rows event and its silent skip of unknown table ids cannot happen. Importing this
 module replaces the library's packet wrapper (`_packet_wrapper`). Why, and the library's short
 MariaDB COM_BINLOG_DUMP packet: docs/capture.md ("How the unknown-table_id hole in
@@ -54,7 +55,6 @@ _COMPRESSED_EVENTS = {165: "QUERY_COMPRESSED_EVENT", 166: "WRITE_ROWS_COMPRESSED
                       169: "WRITE_ROWS_COMPRESSED_EVENT", 170: "UPDATE_ROWS_COMPRESSED_EVENT",
                       171: "DELETE_ROWS_COMPRESSED_EVENT"}
 _parse_event = sluice_native.parse_event
-_split_packets = sluice_native.split_packets
 
 
 def _frame(data: bytes, table_map: _StrictTableMap, use_checksum: bool) -> _Image | None:
@@ -112,6 +112,12 @@ def _packet_wrapper(pkt: Any, table_map: Any, ctl: Any, mysql_version: Any, use_
 
 
 _READ_CHUNK = 256 * 1024
+# When a read took less than this (the socket was drained: events trickle), the native reader
+# keeps reading while more bytes come within _LINGER_MS of each other, _LINGER_MAX_MS at most
+# (native/src/sockread.rs): fewer, larger batches per GIL hand-over, never a sleep.
+_SMALL_READ = 16 * 1024
+_LINGER_MS = 2.0
+_LINGER_MAX_MS = 10.0
 # A group bigger than this is read event by event rather than scanned again after every read.
 _MAX_WHOLE_BYTES = 4 * 1024 * 1024
 _LOST = "Lost connection to MySQL server during query"
@@ -142,10 +148,10 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
         self._pending: MysqlPacket | None = None
         self._packets: list[bytes] = []     # payloads split from the last read, and the next one
         self._next = 0
-        self._rest = b""                    # an incomplete packet at the end of the last read
+        self._native: Any = None            # sluice_native.PacketReader, from the first read on
+        self._first_reads = 0
         self._bad_seq = -1
         self._failed: BaseException | None = None   # a read error kept for the next _refill
-        self.reads = 0      # socket reads of the dump connection (sluice_capture_source_reads_total)
         super().__init__(*args, **kwargs)
         # The natively framed events are what `fetchone` returns for rows, TableMaps, GTIDs, XIDs.
         for attr in ("_BinLogStreamReader__allowed_events_in_packet",
@@ -183,9 +189,10 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
         return self._refill()
 
     def _refill(self) -> bytes:
-        """Reads what the dump connection has (up to 256 KB at once) and splits it into packet
-        payloads natively; pymysql's errors and sequence check as in its `_read_packet` (a lost
-        connection or a read timeout is OperationalError 2013, the connection force-closed)."""
+        """The next payloads of the dump connection, read natively (`sluice_native.PacketReader`:
+        the wait and the reads without the GIL, up to 256 KB at once, then split into payloads);
+        pymysql's errors and sequence check as in its `_read_packet` (a lost connection or a
+        read timeout is OperationalError 2013, the connection force-closed)."""
         if self._failed is not None:
             e, self._failed = self._failed, None
             raise e
@@ -193,6 +200,7 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
         while True:
             if self._bad_seq >= 0:
                 bad, self._bad_seq = self._bad_seq, -1
+                self._native = None    # its socket is closed: its number may be reused
                 conn._force_close()
                 if bad == 0:   # MariaDB sends its error packet with seqno 0 when it shuts down
                     raise pymysql.err.OperationalError(2013, _LOST)
@@ -201,12 +209,28 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
             if conn._current_timeout != conn._read_timeout:
                 conn._sock.settimeout(conn._read_timeout)
                 conn._current_timeout = conn._read_timeout
-            rest = self._rest
-            # a packet bigger than what is buffered: read the rest of it at once
-            missing = 4 + (rest[0] | rest[1] << 8 | rest[2] << 16) - len(rest) if len(rest) >= 4 else 0
-            self.reads += 1
+            native = self._native
+            if native is None:
+                native = self._native = self._take_socket(conn)
+            packets, conn._next_seq_id, self._bad_seq, err = native.read(
+                conn._read_timeout, _READ_CHUNK, _SMALL_READ, _LINGER_MS, _LINGER_MAX_MS)
+            if err is not None:
+                self._native = None
+                conn._force_close()
+                raise pymysql.err.OperationalError(2013, f"{_LOST} ({err})" if err else _LOST)
+            if packets:
+                self._packets, self._next = packets, 1
+                return packets[0]
+
+    def _take_socket(self, conn: Any) -> Any:
+        """The native reader of the dump connection's socket. The connection's buffered reader
+        may hold bytes of the stream read with the last reply: its first read (which returns
+        them, or reads the socket once) goes to the native reader first; after it nothing
+        reads the socket but the native reader."""
+        self._first_reads += 1
+        while True:
             try:
-                chunk = conn._rfile.read(missing) if missing > 0 else conn._rfile.read1(_READ_CHUNK)
+                chunk = conn._rfile.read1(_READ_CHUNK)
             except InterruptedError:
                 continue
             except OSError as e:
@@ -215,15 +239,18 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
             except BaseException:
                 conn._force_close()
                 raise
-            if not chunk or len(chunk) < missing:
-                conn._force_close()
-                raise pymysql.err.OperationalError(2013, _LOST)
-            buf = rest + chunk if rest else chunk
-            packets, used, conn._next_seq_id, self._bad_seq = _split_packets(buf, conn._next_seq_id)
-            self._rest = buf[used:]
-            if packets:
-                self._packets, self._next = packets, 1
-                return packets[0]
+            break
+        if not chunk:
+            conn._force_close()
+            raise pymysql.err.OperationalError(2013, _LOST)
+        native = sluice_native.PacketReader(conn._sock.fileno(), conn._next_seq_id)
+        native.feed(chunk)
+        return native
+
+    @property
+    def reads(self) -> int:
+        """Socket reads of the dump connection (sluice_capture_source_reads_total)."""
+        return self._first_reads + (self._native.reads if self._native is not None else 0)
 
     def _whole(self, checksum: bool) -> TxnImage | None:
         """The group starting at the GTID packet just taken, read whole by the native scanner,

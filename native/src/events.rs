@@ -128,8 +128,15 @@ pub(crate) fn parse_event<'py>(py: Python<'py>, data: &Bound<'py, PyBytes>, chec
 /// payload is not consumed), or -1.
 #[pyfunction]
 pub(crate) fn split_packets<'py>(py: Python<'py>, buf: &[u8], seq: u8) -> PyResult<(Bound<'py, PyList>, usize, u8, i32)> {
-    const MAX: usize = 0xFF_FFFF;
     let out = PyList::empty(py);
+    let (used, seq, bad) = split_into(py, buf, seq, &out)?;
+    Ok((out, used, seq, bad))
+}
+
+/// `split_packets` appending the payloads to `out` -> `(consumed, next_seq, bad_seq)`; shared
+/// with the native socket reader (sockread.rs).
+pub(crate) fn split_into(py: Python<'_>, buf: &[u8], seq: u8, out: &Bound<'_, PyList>) -> PyResult<(usize, u8, i32)> {
+    const MAX: usize = 0xFF_FFFF;
     let (mut pos, mut seq) = (0usize, seq);
     let mut joined: Vec<u8> = Vec::new();
     loop {
@@ -142,7 +149,7 @@ pub(crate) fn split_packets<'py>(py: Python<'py>, buf: &[u8], seq: u8) -> PyResu
             }
             let n = le(&buf[p..p + 3]) as usize;
             if buf[p + 3] != s {
-                return Ok((out, pos, seq, buf[p + 3] as i32));
+                return Ok((pos, seq, buf[p + 3] as i32));
             }
             if p + 4 + n > buf.len() {
                 break false;
@@ -155,7 +162,7 @@ pub(crate) fn split_packets<'py>(py: Python<'py>, buf: &[u8], seq: u8) -> PyResu
             }
         };
         if !complete {
-            return Ok((out, pos, seq, -1));
+            return Ok((pos, seq, -1));
         }
         let payload = if parts.len() == 1 {
             PyBytes::new(py, &buf[parts[0].0..parts[0].1])
@@ -169,5 +176,49 @@ pub(crate) fn split_packets<'py>(py: Python<'py>, buf: &[u8], seq: u8) -> PyResu
         out.append(payload)?;
         pos = p;
         seq = s;
+    }
+}
+
+/// Whether `buf` starts with at least one whole payload (all its packets), or a packet whose
+/// sequence number is not `seq` (which `split_into` reports at once): what the socket reader
+/// reads until, without the GIL.
+pub(crate) fn has_payload(buf: &[u8], seq: u8) -> bool {
+    const MAX: usize = 0xFF_FFFF;
+    let (mut p, mut s) = (0usize, seq);
+    loop {
+        if p + 4 > buf.len() {
+            return false;
+        }
+        if buf[p + 3] != s {
+            return true;
+        }
+        let n = le(&buf[p..p + 3]) as usize;
+        if p + 4 + n > buf.len() {
+            return false;
+        }
+        p += 4 + n;
+        s = s.wrapping_add(1);
+        if n < MAX {
+            return true;
+        }
+    }
+}
+
+/// The bytes the payload starting `buf` still lacks (0 when it is whole or unknown yet): a big
+/// packet is read at once, not a read per socket buffer.
+pub(crate) fn missing_bytes(buf: &[u8]) -> usize {
+    let mut p = 0usize;
+    loop {
+        if p + 4 > buf.len() {
+            return 0;
+        }
+        let n = le(&buf[p..p + 3]) as usize;
+        if p + 4 + n > buf.len() {
+            return p + 4 + n - buf.len();
+        }
+        p += 4 + n;
+        if n < 0xFF_FFFF {
+            return 0;
+        }
     }
 }

@@ -11,6 +11,7 @@ mod sparkrows;
 mod endian;
 mod rowdecoder;
 mod events;
+mod sockread;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
@@ -26,6 +27,7 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RowDecoder>()?;
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
     m.add_function(wrap_pyfunction!(split_packets, m)?)?;
+    m.add_class::<sockread::PacketReader>()?; // the capture's dump connection (sockread.rs)
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
     // the drainer's side (prewrite.rs): Prewrite payloads -> the MySQL sink's SQL parameters
     m.add_class::<prewrite::MutationDecoder>()?;
