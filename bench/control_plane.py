@@ -125,12 +125,17 @@ def segments_by_pid(ports: dict[str, int]) -> dict[tuple[int, str], int]:
 
 
 def tso_served(metrics: dict[str, str]) -> dict[str, float]:
+    """Requests each TSO served, and the groups the capture committed (for per-group rates)."""
     out = {}
     for name, addr in metrics.items():
         if name.startswith("tso"):
             s = scrape(addr)
             out[name] = sum(v for k, v in s.items() if k.startswith("sluice_tso_requests_total")
                             or k.startswith("tso_requests_total"))
+        elif name == "capture":
+            s = scrape(addr)
+            out["capture groups"] = sum(v for k, v in s.items()
+                                        if k.split("{")[0].endswith("capture_groups_total"))
     return out
 
 
