@@ -28,7 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATUS_POLL_S = 0.5
-PUBLISH_EVERY_S = 2.0
+# The served watermark an online pump publishes is for `sluice ctl pumps` only (drainers read
+# max_commit_ts of paused/offline pumps, published at once): each publish is a Range + a Txn and
+# a watch event in every process that follows the pumps, so not every 2 s.
+PUBLISH_EVERY_S = 10.0
 NOTIFY_TIMEOUT_S = 5.0
 
 
