@@ -11,12 +11,12 @@ the caller reads again — and re-created at the next wait. Callers still read a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from typing import Any
 
-from .errors import EtcdUnavailable
 from .etcd import Etcd
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ class KeyWatch:
                 watch = self.etcd.watch_prefix if self.prefix else self.etcd.watch_key
                 self._watch_id = watch(self.key, self._callback)
                 self._broken = False
-            except EtcdUnavailable as e:
+            except Exception as e:  # noqa: BLE001 - etcd down or any client failure: the
+                # caller reads (and fails or not) at once, and the next wait tries again.
                 log.debug("watch on %s not created: %s", self.key, e)
             # Whatever happened before the watch existed is unknown to it: read again.
             self._set()
@@ -72,7 +73,8 @@ class KeyWatch:
         self._flag.set()
         loop, flag = self._loop, self._async_flag
         if loop is not None and flag is not None:
-            loop.call_soon_threadsafe(flag.set)
+            with contextlib.suppress(RuntimeError):   # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(flag.set)
 
     def wake(self) -> None:
         """Make the current or next wait return at once (shutdown)."""
@@ -112,8 +114,12 @@ class KeyWatch:
                 self._async_flag.set()
         if self._broken:
             await asyncio.to_thread(self.start)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that arrives
+        # as the flag is set (a node writing its own status as it stops), and the task would
+        # then never end.
         try:
-            await asyncio.wait_for(self._async_flag.wait(), timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout):
+                await self._async_flag.wait()
+        except TimeoutError:
             pass
         return self.due()

@@ -78,3 +78,31 @@ def test_async_wait(etcd):
         asyncio.run(run())
     finally:
         c.close()
+
+
+def test_a_cancelled_waiter_ends_even_as_the_key_changes(etcd):
+    """A task in wait_async ends when cancelled even if the change that wakes it lands in the
+    same loop iteration (a node writing its own status as it stops): asyncio.wait_for on 3.11
+    swallowed such a cancellation and the drainer never exited after going offline."""
+    c = Etcd(etcd.endpoint, timeout=2)
+
+    async def follow(w: KeyWatch) -> None:
+        while True:
+            await w.wait_async(0.05)
+
+    async def run() -> None:
+        w = KeyWatch(c, "/kw/c", fallback=60.0)
+        await w.wait_async(0.05)
+        for _ in range(50):
+            task = asyncio.create_task(follow(w))
+            await asyncio.sleep(0)
+            w.wake()
+            await asyncio.sleep(0)   # the flag's set() is scheduled: it and the cancel race
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=2)
+            assert task in done, "a cancelled waiter kept running"
+        w.cancel()
+    try:
+        asyncio.run(run())
+    finally:
+        c.close()
