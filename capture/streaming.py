@@ -20,6 +20,7 @@ from sluice.capture.writer import PrewrittenGroup
 from sluice.capture.snapshot.progress import decode
 from sluice.capture.snapshot.signals import InvalidSignal, parse_etcd_signal
 from sluice.core import errors
+from sluice.core.keywatch import KeyWatch
 from sluice.core.registry import snapshot_progress_path
 from sluice.proto import sluice_pb2 as pb
 from sluice.core.log import kv
@@ -31,7 +32,7 @@ _END = object()
 _STOP = object()
 RECONNECT_BACKOFF_S = (0.2, 5.0)     # first and longest wait between reconnect attempts
 TICK_S = 0.1            # snapshot emission ticker (read-only chunks while the source idles)
-SIGNAL_POLL_S = 0.25    # etcd signal channel
+SIGNAL_POLL_S = 0.25    # etcd signal channel: ticks (committed signals deleted); read when changed
 PUBLISH_S = 0.5         # snapshot progress to etcd
 
 
@@ -162,33 +163,47 @@ class Streaming:
             threading.Thread(target=target, name=name, daemon=True).start()
 
     def _signal_poller(self) -> None:
-        """Signals from etcd (read-only sources): polled, since they are rare; each key is
-        applied once per process and deleted once its effect is committed (`_acked`)."""
+        """Signals from etcd (read-only sources): the prefix is watched and read when it changed
+        (they are rare: no Range request every tick); each key is applied once per process and
+        deleted once its effect is committed (`_acked`)."""
         snap = self.snapshotter
         assert snap is not None
         prefix = self.registry.signals_prefix(self.config.producer_id)
+        watch = KeyWatch(self.etcd, prefix, prefix=True)
         seen: set[str] = set()
-        while not self._stop.wait(SIGNAL_POLL_S):
-            for key in snap.committed(()):    # signals that changed nothing: no commit to wait for
-                self._delete_key(key)
-            try:
-                kvs, _ = self.etcd.get_prefix(prefix)
-            except errors.SluiceError as e:
-                log.warning("etcd signals not read: %s", e)
-                continue
-            for value, meta in sorted(kvs, key=lambda kv: kv[1].create_revision):
-                key = meta.key.decode() if isinstance(meta.key, bytes) else str(meta.key)
-                if key in seen:
-                    continue
-                seen.add(key)
-                try:
-                    sig = parse_etcd_signal(key, value)
-                except InvalidSignal as e:
-                    log.error("etcd signal ignored: %s", e, extra=kv(key=key))
+        try:
+            while not self._stop.is_set():
+                due = watch.wait(SIGNAL_POLL_S)
+                if self._stop.is_set():
+                    return
+                for key in snap.committed(()):    # signals that changed nothing: no commit to wait for
                     self._delete_key(key)
+                if not due:
                     continue
-                log.info("etcd signal received", extra=kv(key=key, signal=sig.id))
-                snap.submit(sig, key)
+                try:
+                    kvs, _ = self.etcd.get_prefix(prefix)
+                except errors.SluiceError as e:
+                    watch.again()
+                    log.warning("etcd signals not read: %s", e)
+                    continue
+                self._apply_signals(snap, kvs, seen)
+        finally:
+            watch.cancel()
+
+    def _apply_signals(self, snap: Any, kvs: list[tuple[bytes, Any]], seen: set[str]) -> None:
+        for value, meta in sorted(kvs, key=lambda kv: kv[1].create_revision):
+            key = meta.key.decode() if isinstance(meta.key, bytes) else str(meta.key)
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                sig = parse_etcd_signal(key, value)
+            except InvalidSignal as e:
+                log.error("etcd signal ignored: %s", e, extra=kv(key=key))
+                self._delete_key(key)
+                continue
+            log.info("etcd signal received", extra=kv(key=key, signal=sig.id))
+            snap.submit(sig, key)
 
     def _delete_key(self, key: str) -> None:
         try:

@@ -161,6 +161,11 @@ class Etcd:
             kwargs = {"start_revision": start_revision} if start_revision else {}
             return self.client.add_watch_prefix_callback(prefix, callback, **kwargs)
 
+    def watch_key(self, key: str, callback: Any) -> int:
+        """Call callback(WatchResponse | Exception) for every change of one key."""
+        with self.errors(f"watch {key}"):
+            return self.client.add_watch_callback(key, callback)
+
     def cancel_watch(self, watch_id: int) -> None:
         with contextlib.suppress(Exception):
             self.client.cancel_watch(watch_id)

@@ -30,7 +30,7 @@ class DrainerConfig:
     initial_commit_ts: int = -1
     checkpoint_interval: float = 3.0      # seconds between checkpoint saves
     alive_ttl: int = 5                    # lease TTL of the alive key, seconds
-    status_poll_interval: float = 0.5     # how often the drainer reads its own status
+    status_poll_interval: float = 0.5     # how soon a change of its own (watched) status is acted on
     txn_batch: int = 2048                 # transactions per sink apply (never splits one)
     reader_queue: int = 20000             # merge-buffered transactions per pump (back-pressure)
     reconnect_max_backoff: float = 2.0    # pump stream reconnect backoff cap, seconds

@@ -19,6 +19,7 @@ from typing import Any
 
 from sluice.core import errors
 from sluice.core.etcd import Etcd
+from sluice.core.keywatch import KeyWatch
 from sluice.core.log import kv
 from sluice.core.registry import NodeInfo, NodeKind, NodeState, NodeStatus, Registry
 from sluice.drainer.config import DrainerConfig
@@ -179,13 +180,26 @@ class Node:
     async def status_loop(self, held_by: Callable[[], HeldBy | None],
                           ask: Callable[[str], None]) -> None:
         """Follow the registry: labels (standby, held-by) out, state changes asked for in."""
+        # The status key is watched: read again when it changed (or every few seconds if the
+        # watch died silently), not every tick; the tick mirrors local changes (held-by) into it.
+        watch = KeyWatch(self.registry.etcd,
+                         self.registry.node_prefix(NodeKind.DRAINER, self.name), prefix=True)
+        try:
+            await self._follow_status(watch, held_by, ask)
+        finally:
+            watch.cancel()
+
+    async def _follow_status(self, watch: KeyWatch, held_by: Callable[[], HeldBy | None],
+                             ask: Callable[[str], None]) -> None:
+        info: NodeInfo | None = None
         while True:
-            await asyncio.sleep(self.config.status_poll_interval)
-            try:
-                info = await asyncio.to_thread(self.registry.get, NodeKind.DRAINER, self.name)
-            except errors.EtcdUnavailable as e:
-                log.warning("registry unavailable: %s", e)
-                continue
+            if await watch.wait_async(self.config.status_poll_interval) or info is None:
+                try:
+                    info = await asyncio.to_thread(self.registry.get, NodeKind.DRAINER, self.name)
+                except errors.EtcdUnavailable as e:
+                    watch.again()
+                    log.warning("registry unavailable: %s", e)
+                    continue
             if info is None:
                 continue
             if self.config.ha:

@@ -14,7 +14,8 @@ import time
 from typing import TYPE_CHECKING
 
 from sluice.core import errors, grpcutil
-from sluice.core.registry import NodeKind, NodeState, NodeStatus, Registry
+from sluice.core.keywatch import KeyWatch
+from sluice.core.registry import NodeInfo, NodeKind, NodeState, NodeStatus, Registry
 from sluice.proto import sluice_pb2 as pb
 from sluice.proto import sluice_pb2_grpc as pbg
 
@@ -27,7 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATUS_POLL_S = 0.5
-PUBLISH_EVERY_S = 2.0
+# The served watermark an online pump publishes is for `sluice ctl pumps` only (drainers read
+# max_commit_ts of paused/offline pumps, published at once): each publish is a Range + a Txn and
+# a watch event in every process that follows the pumps, so not every 2 s.
+PUBLISH_EVERY_S = 10.0
 NOTIFY_TIMEOUT_S = 5.0
 
 
@@ -142,52 +146,80 @@ class Lifecycle:
     async def watch(self) -> None:
         """Follow our own status key: act on pausing/closing/online set by `sluice ctl`."""
         last_publish = 0.0
-        while True:
-            await asyncio.sleep(STATUS_POLL_S)
+        # The status key is watched and read again only when it changed (or every few seconds
+        # if the watch died silently); the loop still ticks every STATUS_POLL_S for what changes
+        # here (a pausing pump's last unresolved prewrite going away).
+        watch = KeyWatch(self.registry.etcd, self.registry.node_prefix(NodeKind.PUMP, self.node_id),
+                         prefix=True)
+        info: NodeInfo | None = None
+        try:
+            while True:
+                if await watch.wait_async(STATUS_POLL_S) or info is None:
+                    try:
+                        info = await asyncio.to_thread(self.registry.get, NodeKind.PUMP,
+                                                       self.node_id)
+                    except errors.EtcdUnavailable as e:
+                        watch.again()
+                        log.warning("registry unavailable: %s", e)
+                        continue
+                if info is None:
+                    continue
+                last_publish, stored = await self._follow(info, last_publish)
+                if stored is not None:
+                    # What we just wrote is the status now (its watch event re-reads it too).
+                    info = _replace_info(info, stored)
+        finally:
+            watch.cancel()
+
+    async def _follow(self, info: NodeInfo, last_publish: float) -> tuple[float, NodeStatus | None]:
+        """Act on the status last read; publish the watermark every PUBLISH_EVERY_S. Returns
+        the new last-publish time and the status this call stored (None: none)."""
+        stored: NodeStatus | None = None
+        want = info.status.state
+        if want in (NodeState.PAUSING.value, NodeState.CLOSING.value):
+            self.state = want
+            if not self.storage.unresolved():
+                final = self.storage.served_watermark
+                done = (NodeState.PAUSED if want == NodeState.PAUSING.value
+                        else NodeState.OFFLINE)
+
+                def finish(old: NodeStatus, final: int = final, done: NodeState = done) -> NodeStatus:
+                    return _replace(old, state=done, max_commit_ts=final,
+                                    update_ts=int(time.time()))
+                stored = await asyncio.to_thread(self.registry.update, NodeKind.PUMP,
+                                                 self.node_id, finish)
+                self.state = done.value
+                log.info("pump %s %s; final ts %d", self.node_id, done, final)
+        elif want == NodeState.ONLINE.value and self.state in (NodeState.PAUSED.value,
+                                                           NodeState.PAUSING.value):
+            await self.notify_drainers()
+            self.state = NodeState.ONLINE.value
+            log.info("pump %s resumed: accepting writes", self.node_id)
+        elif want in (NodeState.PAUSED.value, NodeState.OFFLINE.value):
+            self.state = want
+        if self.state == NodeState.ONLINE.value and time.monotonic() - last_publish > PUBLISH_EVERY_S:
+            last_publish = time.monotonic()
+            wm = self.storage.served_watermark
+
+            def publish(old: NodeStatus, wm: int = wm) -> NodeStatus:
+                if old.state != NodeState.ONLINE.value:
+                    return old
+                return _replace(old, max_commit_ts=wm, update_ts=int(time.time()))
             try:
-                info = await asyncio.to_thread(self.registry.get, NodeKind.PUMP, self.node_id)
-            except errors.EtcdUnavailable as e:
-                log.warning("registry unavailable: %s", e)
-                continue
-            if info is None:
-                continue
-            want = info.status.state
-            if want in (NodeState.PAUSING.value, NodeState.CLOSING.value):
-                self.state = want
-                if not self.storage.unresolved():
-                    final = self.storage.served_watermark
-                    done = (NodeState.PAUSED if want == NodeState.PAUSING.value
-                            else NodeState.OFFLINE)
-
-                    def finish(old: NodeStatus, final: int = final, done: NodeState = done) -> NodeStatus:
-                        return _replace(old, state=done, max_commit_ts=final,
-                                        update_ts=int(time.time()))
-                    await asyncio.to_thread(self.registry.update, NodeKind.PUMP, self.node_id, finish)
-                    self.state = done.value
-                    log.info("pump %s %s; final ts %d", self.node_id, done, final)
-            elif want == NodeState.ONLINE.value and self.state in (NodeState.PAUSED.value,
-                                                               NodeState.PAUSING.value):
-                await self.notify_drainers()
-                self.state = NodeState.ONLINE.value
-                log.info("pump %s resumed: accepting writes", self.node_id)
-            elif want in (NodeState.PAUSED.value, NodeState.OFFLINE.value):
-                self.state = want
-            if self.state == NodeState.ONLINE.value and time.monotonic() - last_publish > PUBLISH_EVERY_S:
-                last_publish = time.monotonic()
-                wm = self.storage.served_watermark
-
-                def publish(old: NodeStatus, wm: int = wm) -> NodeStatus:
-                    if old.state != NodeState.ONLINE.value:
-                        return old
-                    return _replace(old, max_commit_ts=wm, update_ts=int(time.time()))
-                try:
-                    await asyncio.to_thread(self.registry.update, NodeKind.PUMP, self.node_id, publish)
-                except errors.SluiceError as e:
-                    log.warning("cannot publish status: %s", e)
+                stored = await asyncio.to_thread(self.registry.update, NodeKind.PUMP,
+                                                 self.node_id, publish)
+            except errors.SluiceError as e:
+                log.warning("cannot publish status: %s", e)
+        return last_publish, stored
 
     async def stop(self) -> None:
         if self.heartbeat is not None:
             await asyncio.to_thread(self.heartbeat.stop)
+
+
+def _replace_info(info: NodeInfo, status: NodeStatus) -> NodeInfo:
+    import dataclasses
+    return dataclasses.replace(info, status=status)
 
 
 def _replace(status: NodeStatus, **changes: object) -> NodeStatus:

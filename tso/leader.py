@@ -21,6 +21,7 @@ import grpc
 from sluice.core import failpoint
 from sluice.core.errors import EtcdUnavailable, NotLeader, SluiceError, Unavailable
 from sluice.core.etcd import Etcd
+from sluice.core.keywatch import KeyWatch
 from sluice.core.log import kv
 from sluice.core.registry import tso_leader_key, tso_window_key
 from sluice.core.tso_client import LeaderInfo
@@ -83,6 +84,10 @@ class Leadership:
         self._etcd_lock = threading.Lock()     # one window transaction at a time
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tso-leadership", daemon=True)
+        # Read at least every lease TTL even if the watch died silently: a failover then takes
+        # at most one TTL longer.
+        self._leader_watch = KeyWatch(etcd, self.leader_key, fallback=float(lease_ttl),
+                                      clock=clock)
 
     # -- called from the event loop ----------------------------------------------------------
     def start(self) -> None:
@@ -148,11 +153,14 @@ class Leadership:
             try:
                 term = self.term
                 if term is None:
+                    # A standby campaigns when the leader key changed (it is deleted when the
+                    # leader's lease ends), not on every poll: one Range per change instead of
+                    # four a second.
+                    if not self._leader_watch.wait(poll):
+                        continue
                     self._revoke_stale()
                     self._campaign()
                     last_keepalive = self.clock()
-                    if self.term is None:
-                        self._stop.wait(poll)
                     continue
                 if self.clock() >= term.alive_until:
                     self._resign("lease not certainly alive")
@@ -164,10 +172,13 @@ class Leadership:
                         continue
                 self._maybe_extend(term)
             except EtcdUnavailable as e:
+                self._leader_watch.again()
                 self._etcd_failed(e)
             except Exception:  # noqa: BLE001 - the election thread must survive anything
+                self._leader_watch.again()
                 log.exception("TSO election loop failed; retrying")
             self._stop.wait(min(poll, 0.1))
+        self._leader_watch.cancel()
 
     def _etcd_ok(self) -> None:
         if self.etcd_error is not None:
@@ -272,6 +283,7 @@ class Leadership:
         self.term = None
         self.allocator.end_term()
         self._stale_leases.append(term.lease)
+        self._leader_watch.again()    # campaign again at once, revoking this term's lease first
         log.warning("lost TSO leadership", extra=kv(name=self.name, epoch=term.epoch,
                                                     reason=reason))
         if self.on_change:

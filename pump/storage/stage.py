@@ -89,6 +89,9 @@ class Stager:
         # The highest timestamp the TSO is known to have issued (a fetch, or a heartbeat): a
         # client's timestamp at or below it needs no TSO round trip. No bound without a TSO.
         self.issued = _NO_BOUND
+        # (ts, monotonic s) of the last timestamp `_check_issued` fetched: issued to this pump
+        # alone, so its heartbeat may use it as a fake binlog's ts instead of fetching another.
+        self.fetched: tuple[int, float] = (0, float("-inf"))
 
     @property
     def tso(self) -> IssuedTimestamps | None:
@@ -138,6 +141,7 @@ class Stager:
         # Callers test `ts > self.issued` first; without a TSO `issued` is _NO_BOUND.
         assert self._tso is not None
         now = self._tso.fresh_ts()
+        self.fetched = (now, time.monotonic())
         if now > self.issued:
             self.issued = now
         if ts > now:

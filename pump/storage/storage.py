@@ -72,6 +72,12 @@ class Storage:
     def tso(self, value: IssuedTimestamps | None) -> None:
         self._stager.tso = value
 
+    def recent_tso_ts(self, max_age_s: float) -> int | None:
+        """A timestamp the TSO issued to this pump (a write's TSO check fetched it) within the
+        last `max_age_s` seconds, or None."""
+        ts, at = self._stager.fetched
+        return ts if ts and time.monotonic() - at <= max_age_s else None
+
     # The handles tests and tools look at directly.
     @property
     def _db(self) -> plyvel.DB:
