@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from e2e_support import Sysbench, connect, proc_cpu_seconds, scrape  # noqa: E402
+from trees import export_tree  # noqa: E402
 
 PASSWORD = "sluice-root"   # the local cluster's MariaDB root password (ctl/cluster_config.py)
 
@@ -62,15 +63,6 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 def say(msg: str) -> None:
     print(f"[control {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def export_tree(rev: str, work: Path) -> Path:
-    root = work / "baseline"
-    (root / "sluice").mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(root / "sluice")], input=archive, check=True)
-    return root
 
 
 def etcd_metrics(addr: str, sec: dict[str, str]) -> dict[str, float]:

@@ -65,6 +65,7 @@ from sluice.proto import sluice_pb2 as pb  # noqa: E402
 from sluice.proto import sluice_pb2_grpc as pbg  # noqa: E402
 from tests.support.cluster import CLUSTER_ID, Cluster  # noqa: E402
 from tests.support.procs import EtcdServer, Proc, free_port, port_open, wait_until  # noqa: E402
+from trees import export_tree  # noqa: E402
 
 # ~1 KiB of incompressible row data in a valid PrewriteValue (pumps refuse values that do not
 # decode); the producer "bench" is registered before writing (pumps admit registered producers).
@@ -342,17 +343,6 @@ def report_per_group(ph: WritePhase, top: int = 25) -> None:
         print("    syscalls: " + ", ".join(
             f"{k} {v / g:.1f}" for k, v in sorted(ph.syscalls.items(), key=lambda kv: -kv[1])
             if v / g >= 0.1))
-
-
-def export_tree(rev: str, work: Path) -> Path:
-    """`rev`'s tree laid out as the `sluice` namespace (docs/packaging.md) under a fresh
-    folder: first on a process's PYTHONPATH, it runs that revision's code."""
-    root = work / "baseline"
-    (root / "sluice").mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(root / "sluice")], input=archive, check=True)
-    return root
 
 
 def compare(args: argparse.Namespace, cluster: Cluster, work: Path) -> None:

@@ -50,6 +50,18 @@ def prepare_base(rev: str, into: Path) -> Path:
     return tree
 
 
+def export_tree(rev: str, work: Path) -> Path:
+    """`rev`'s tree laid out as the `sluice` namespace (docs/packaging.md) under `<work>/baseline`:
+    first on a process's PYTHONPATH, it runs that revision's Python (with this venv's native
+    module: for a bench whose old and new native cores differ, use prepare_base)."""
+    root = work / "baseline"
+    (root / "sluice").mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root / "sluice")], input=archive, check=True)
+    return root
+
+
 def tree_path(tree: str | Path) -> list[str]:
     """The sys.path entries that make a child import `sluice` (and, for a prepared tree,
     `sluice_native`) from `tree`. A plain tree (a `git archive` without `_native`) gets a
