@@ -15,9 +15,13 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from .errors import EtcdUnavailable
 from .etcd import Etcd
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -123,3 +127,18 @@ class KeyWatch:
         except TimeoutError:
             pass
         return self.due()
+
+    async def follow_async(self, read: Callable[[], T | None], last: T | None,
+                           timeout: float) -> T | None:
+        """One step of following the key: wait up to `timeout` for a change, then `read` it
+        again (in a thread) when it changed, when `fallback` passed, or when `last` is None.
+        Returns what was read, else `last`; None when the read failed because etcd is down
+        (logged; the next step reads again)."""
+        if await self.wait_async(timeout) or last is None:
+            try:
+                return await asyncio.to_thread(read)
+            except EtcdUnavailable as e:
+                self.again()
+                log.warning("%s not read, etcd unavailable: %s", self.key, e)
+                return None
+        return last

@@ -44,6 +44,7 @@ from typing import Any
 
 from sluice.core.errors import ConfigError, EtcdUnavailable, NotFound, StaleEpoch
 from sluice.core.etcd import Etcd
+from sluice.core.keywatch import KeyWatch
 from sluice.core.lease import LeaseKeeper
 from sluice.core.registry import Heartbeat, NodeKind, NodeStatus, Registry
 from sluice.drainer.checkpoint import read_checkpoint
@@ -190,48 +191,70 @@ class Election:
             self._standby_hb = None
 
     def _campaign(self, stop: threading.Event) -> Term | None:
+        # The leader key is watched: a standby reads it when it changed (the active's lease
+        # expired or it released) or every few seconds, not every poll_s (issue #23: ten
+        # Range requests a second per standby); poll_s is only how often `stop` is checked.
+        watch = KeyWatch(self.etcd, self.leader_key)
+        watch.start()
+        try:
+            return self._campaign_watched(stop, watch)
+        finally:
+            watch.cancel()
+
+    def _campaign_watched(self, stop: threading.Event, watch: KeyWatch) -> Term | None:
         seen: LeaderInfo | None = None
         gone_at: float | None = None
         wait_s = 0.0
+        rec: EpochRecord | None = None
+        meta: Any = None
         etcd_failing = False
+        due = True
         while not stop.is_set():
             try:
-                leader_raw, _ = self.etcd.get(self.leader_key)
-                if leader_raw is not None:
-                    info = LeaderInfo.from_json(leader_raw)
-                    if info != seen:
-                        log.info("drainer %s: standby at %s; the active one is %s (epoch %d); "
-                                 "waiting", self.name, self.addr, info.addr, info.epoch)
-                    seen, gone_at = info, None
-                    stop.wait(self.poll_s)
+                if due:
+                    leader_raw, _ = self.etcd.get(self.leader_key)
+                    if leader_raw is not None:
+                        info = LeaderInfo.from_json(leader_raw)
+                        if info != seen:
+                            log.info("drainer %s: standby at %s; the active one is %s (epoch %d); "
+                                     "waiting", self.name, self.addr, info.addr, info.epoch)
+                        seen, gone_at = info, None
+                        due = watch.wait(self.poll_s)
+                        continue
+                    raw, meta = self.etcd.get(self.epoch_key)
+                    rec = EpochRecord.from_json(raw) if raw is not None else None
+                    if gone_at is None:
+                        gone_at = self.clock()
+                        if rec is None or rec.released:
+                            wait_s = 0.0
+                        else:
+                            # The last active may have died, or may be stalled: its lease is
+                            # gone, but a write it began just before its own deadline may still
+                            # land.
+                            wait_s = max(self.ttl, rec.ttl) + self.margin_s
+                        log.info("drainer %s: no active instance (last epoch %s%s); taking over "
+                                 "in %.1fs", self.name, rec.epoch if rec else "none",
+                                 ", released" if rec and rec.released else "", wait_s)
+                elif gone_at is None:     # an active one holds the key and nothing changed
+                    due = watch.wait(self.poll_s)
                     continue
-                raw, meta = self.etcd.get(self.epoch_key)
-                rec = EpochRecord.from_json(raw) if raw is not None else None
-                if gone_at is None:
-                    gone_at = self.clock()
-                    if rec is None or rec.released:
-                        wait_s = 0.0
-                    else:
-                        # The last active may have died, or may be stalled: its lease is gone,
-                        # but a write it began just before its own deadline may still land.
-                        wait_s = max(self.ttl, rec.ttl) + self.margin_s
-                    log.info("drainer %s: no active instance (last epoch %s%s); taking over in "
-                             "%.1fs", self.name, rec.epoch if rec else "none",
-                             ", released" if rec and rec.released else "", wait_s)
-                if self.clock() - gone_at < wait_s:
-                    stop.wait(min(self.poll_s, wait_s - (self.clock() - gone_at)) + 0.001)
+                left = wait_s - (self.clock() - gone_at)
+                if left > 0:
+                    due = watch.wait(min(self.poll_s, left) + 0.001)
                     continue
+                # rec/meta may be from when the key went: the take is conditioned on the
+                # counter's revision, so a counter that moved since makes it fail, not wrong.
                 term = self._try_take(rec, meta)
                 if term is not None:
                     return term
-                gone_at = None   # someone else won (or the counter moved): look again
-                if etcd_failing:
-                    etcd_failing = False
+                gone_at, due = None, True   # someone else won (or the counter moved): look again
+                etcd_failing = False
             except EtcdUnavailable as e:
                 if not etcd_failing:
                     log.warning("drainer %s: standby cannot reach etcd: %s; retrying", self.name, e)
                 etcd_failing = True
-                gone_at = None   # what we measured from may be stale
+                gone_at, due = None, True   # what we measured from may be stale
+                watch.again()
                 stop.wait(min(1.0, self.poll_s * 5))
         return None
 

@@ -193,13 +193,9 @@ class Node:
                              ask: Callable[[str], None]) -> None:
         info: NodeInfo | None = None
         while True:
-            if await watch.wait_async(self.config.status_poll_interval) or info is None:
-                try:
-                    info = await asyncio.to_thread(self.registry.get, NodeKind.DRAINER, self.name)
-                except errors.EtcdUnavailable as e:
-                    watch.again()
-                    log.warning("registry unavailable: %s", e)
-                    continue
+            info = await watch.follow_async(
+                lambda: self.registry.get(NodeKind.DRAINER, self.name), info,
+                self.config.status_poll_interval)
             if info is None:
                 continue
             if self.config.ha:

@@ -154,14 +154,8 @@ class Lifecycle:
         info: NodeInfo | None = None
         try:
             while True:
-                if await watch.wait_async(STATUS_POLL_S) or info is None:
-                    try:
-                        info = await asyncio.to_thread(self.registry.get, NodeKind.PUMP,
-                                                       self.node_id)
-                    except errors.EtcdUnavailable as e:
-                        watch.again()
-                        log.warning("registry unavailable: %s", e)
-                        continue
+                info = await watch.follow_async(
+                    lambda: self.registry.get(NodeKind.PUMP, self.node_id), info, STATUS_POLL_S)
                 if info is None:
                     continue
                 last_publish, stored = await self._follow(info, last_publish)

@@ -6,6 +6,7 @@ tests/fault/test_drainer_ha.py.
 """
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Iterator
@@ -89,6 +90,45 @@ def test_epochs_strictly_increase_across_takeovers(registry: Registry) -> None:
     # ha = false takes an epoch too (sinks always fence), without a leader key.
     d = election(registry, name, "127.0.0.1:4", ha=False)
     assert d.take_without_ha().epoch == tc.epoch + 1 and read_leader(registry, name) is None
+
+
+class CountingEtcd:
+    """The registry's client, counting the Range requests per key that go through `get`."""
+
+    def __init__(self, etcd: Etcd) -> None:
+        self._etcd = etcd
+        self.gets: collections.Counter[str] = collections.Counter()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._etcd, name)
+
+    def get(self, key: str, *args: object, **kwargs: object) -> object:
+        self.gets[key] += 1
+        return self._etcd.get(key, *args, **kwargs)
+
+
+def test_a_standby_follows_the_leader_key_by_a_watch_not_a_poll(registry: Registry) -> None:
+    """A waiting standby reads the leader key when it changes (and every few seconds in case
+    the watch died), not every poll: it made ten Range requests a second before (issue #23); a
+    release is still seen at once."""
+    name = "ha-watch"
+    a = election(registry, name, "127.0.0.1:1")
+    ta = a.campaign(threading.Event())
+    assert ta is not None
+    b = election(registry, name, "127.0.0.1:2")
+    counting = CountingEtcd(registry.etcd)
+    b.etcd = counting   # type: ignore[assignment]
+    t, _, out = campaign_in_thread(b)
+    wait_until(lambda: list_standbys(registry, name) == ["127.0.0.1:2"], 5, what="standby key")
+    time.sleep(2.0)     # 20 polls at the standby's poll_s of 0.1 s
+    reads = counting.gets[b.leader_key]
+    assert 1 <= reads <= 3, f"the standby read the leader key {reads} times in 2 s"
+    released = time.monotonic()
+    a.release()
+    t.join(5)
+    assert out and out[0] is not None and out[0].epoch == ta.epoch + 1
+    assert time.monotonic() - released < 1.5, "the watch shows a release at once"
+    b.release()
 
 
 def test_ha_false_refuses_while_an_ha_instance_is_active(registry: Registry) -> None:
