@@ -5,7 +5,10 @@
    as tests/support/mariadb.py starts them (own datadirs and ports, --no-defaults, ROW / FULL /
    FULL binlogs, utf8mb4, innodb-flush-log-at-trx-commit=2, sync-binlog=0). sysbench at full
    speed for --native-seconds: the source's max rate (tps), replica lag from probe rows
-   (p50/p99) and Seconds_Behind_Master, and the drain time after the load stops.
+   (p50/p99) and Seconds_Behind_Master, and the drain time after the load stops. Then
+   (--native-rate-seconds, default 30; 0 skips it) the same replication at Sluice's target rate
+   (--rate-fraction of that max): the replica costs more CPU per transaction at a lower rate
+   (smaller commit groups), so the pipeline is compared with the replica at both rates.
 2. Sluice — `sluice cluster up` from a generated cluster.toml: etcd, 2 TSOs, 2 pumps, a local
    MariaDB source + capture, a MySQL drainer into a downstream MariaDB this script starts (like
    the replica), and a Spark drainer (Iceberg tables, embedded catalog). The cluster's
@@ -34,7 +37,9 @@
    downstream (Sluice) mariadbd, capture, each pump, each drainer, each TSO, etcd, the cluster
    supervisor, sysbench, this script; subtotals source side / pipeline (every Sluice process) /
    replica-or-downstream / all; then the lag percentiles into MariaDB (native: the replica) and
-   into Spark. Then the older summary table, %CPU and Prometheus rates per phase, the profile
+   into Spark. Then the summary table (with the pipeline with one drainer — capture, pumps,
+   TSO, etcd, supervisor, the MySQL drainer — against the replica's CPU per transaction at full
+   speed and at Sluice's rate: issue #23's <= 2x), %CPU and Prometheus rates per phase, the profile
    tables, and one JSON line.
 
 Probes: a row in `bench_probe.probe` committed every 200 ms on the source, the commit's wall time
@@ -239,6 +244,13 @@ def run_native(a: argparse.Namespace, workdir: Path, stack: contextlib.ExitStack
         pids = {"mariadb-source": src.proc.pid, "mariadb-replica": rep.proc.pid}  # type: ignore[union-attr]
         phase = Phase("native", probes, [SINK_REPLICA], pids, {})
         out = phase.run(bench, a.native_seconds, 0, a.drain_timeout)
+        if a.native_rate_seconds:
+            # The replica's CPU per transaction falls as its rate rises (larger commit groups,
+            # fuller reads): at full speed it is cheaper per transaction than at the rate Sluice
+            # is measured at, so the pipeline is compared with both.
+            rate = max(1, round(out["tps"] * a.rate_fraction))
+            same = Phase(f"native-{a.rate_fraction:.0%}", probes, [SINK_REPLICA], pids, {})
+            out["same_rate"] = same.run(bench, a.native_rate_seconds, rate, a.drain_timeout)
         sbm = sampler.between(phase.sysbench.started, phase.sysbench.ended + 0.5)
         out["seconds_behind_master"] = {"max": max(sbm, default=None),
                                         "p50": _pct(sbm, 50), "samples": len(sbm)}
@@ -596,6 +608,8 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
                          f"goal p99 < {goal:g}s: {'met' if met else 'NOT met'}"))
             rows.append((f"50% rate: drain into {'MariaDB' if sink == SINK_MYSQL else 'Spark'} (s)", "",
                          _f(h["drain_s"][sink]), "", ""))
+    if sluice and "half" in sluice:
+        rows.extend(pipeline_ratio_rows(native, sluice["half"]))
     if sluice and sluice.get("steps"):
         for st in sluice["steps"]:
             lag = st["lag"][SINK_MYSQL]
@@ -627,7 +641,8 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
     for r in rows:
         print("| " + " | ".join(r) + " |")
     print("\nload average (1/5/15 min) per phase:")
-    for ph in [native, *([sluice["half"]] if sluice and "half" in sluice else []),
+    for ph in [native, *([native["same_rate"]] if native.get("same_rate") else []),
+               *([sluice["half"]] if sluice and "half" in sluice else []),
                *(sluice.get("steps", []) if sluice else [])]:
         print(f"- {ph['phase']}: before {ph['load_before']}, after {ph['load_after']}; "
               f"%CPU {json.dumps(ph['cpu_pct'])}")
@@ -658,6 +673,35 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
     summary = {"bench": "e2e", "date": started, "cores": os.cpu_count(), "args": vars(a),
                "native": native, "sluice": sluice}
     print("\n" + json.dumps(summary, default=str))
+
+
+PIPELINE_GOAL = 2.0
+
+
+def pipeline_one_drainer(ph: dict[str, Any]) -> float:
+    """CPU ms per source transaction of capture, pumps, TSO, etcd, supervisor and the MySQL
+    drainer: issue #23's "pipeline with one drainer"."""
+    return sum(v for k, v in ph.get("cpu_ms_per_txn", {}).items()
+               if k not in _SOURCE_SIDE + _DOWNSTREAM and k != "drainer-spark")
+
+
+def pipeline_ratio_rows(native: dict[str, Any], half: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """The pipeline with one drainer against the native replica's CPU per transaction, at full
+    speed and (when measured) at the rate Sluice ran at."""
+    pipe = pipeline_one_drainer(half)
+    rows = []
+    baselines = [("full speed", native)]
+    if native.get("same_rate"):
+        baselines.append((f"{native['same_rate']['tps']:,.0f} tps (Sluice's rate)", native["same_rate"]))
+    for what, ph in baselines:
+        rep = ph.get("cpu_ms_per_txn", {}).get("mariadb-replica")
+        if not rep or not pipe:
+            continue
+        ratio = pipe / rep
+        rows.append((f"CPU ms / txn: pipeline with one drainer (MySQL) vs the replica at {what}",
+                     f"{rep:.3f}", f"{pipe:.3f}", f"{ratio:.2f}x",
+                     f"goal <= {PIPELINE_GOAL:g}x: {'met' if ratio <= PIPELINE_GOAL else 'NOT met'}"))
+    return rows
 
 
 def _m(ph: dict[str, Any], proc: str, name: str) -> float:
@@ -721,6 +765,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--native-seconds", type=int, default=45)
     ap.add_argument("--sluice-seconds", type=int, default=60)
+    ap.add_argument("--native-rate-seconds", type=int, default=30,
+                    help="native replication also at Sluice's target rate (0: skip)")
     ap.add_argument("--step-seconds", type=int, default=30)
     ap.add_argument("--steps", default="0.5,0.75,1.0,1.25",
                     help="step rates as fractions of the native max (comma-separated)")
@@ -749,6 +795,7 @@ def main() -> int:
     if a.quick:
         a.tables, a.table_size = 2, 2000
         a.native_seconds, a.sluice_seconds, a.step_seconds = 15, 20, 12
+        a.native_rate_seconds = min(a.native_rate_seconds, 10)
         a.steps, a.drain_timeout = "0.5,1.0", 60.0
     a.steps = [] if a.no_steps else [float(x) for x in str(a.steps).split(",") if x.strip()]
     if not 0 < a.rate_fraction <= 4:

@@ -111,3 +111,22 @@ def test_spark_batches_read_from_the_drainers_own_log_format(tmp_path: Path) -> 
     assert (got["batches"], got["rows_p50"], got["commit_s_max"]) == (2, 100, 4.0)
     assert spark_batches(path, t0 + 3600, t0 + 7200) == {"batches": 0}
     assert spark_batches(tmp_path / "absent.log", t0, t0) is None
+
+
+@pytest.mark.timeout(60)
+def test_pipeline_with_one_drainer_against_the_replica_at_both_rates() -> None:
+    """Issue #23's ratio: the pipeline with one drainer is every Sluice process but the Spark
+    drainer (not the source side, not the downstream), compared with the replica's CPU per
+    transaction at full speed and at Sluice's rate."""
+    import e2e
+    half = {"cpu_ms_per_txn": {"mariadb": 0.34, "sysbench": 0.12, "bench-probes": 0.01,
+                               "mariadb-downstream": 0.05, "capture": 0.08, "pump-1": 0.04,
+                               "pump-2": 0.04, "drainer-mysql": 0.09, "drainer-spark": 0.14,
+                               "tso-1": 0.015, "etcd": 0.013, "supervisor": 0.002}}
+    assert e2e.pipeline_one_drainer(half) == pytest.approx(0.28)
+    native = {"cpu_ms_per_txn": {"mariadb-replica": 0.11},
+              "same_rate": {"tps": 2087.0, "cpu_ms_per_txn": {"mariadb-replica": 0.16}}}
+    rows = e2e.pipeline_ratio_rows(native, half)
+    assert [r[3] for r in rows] == ["2.55x", "1.75x"]
+    assert rows[0][4].endswith("NOT met") and rows[1][4].endswith(": met")
+    assert "2,087 tps" in rows[1][0]
