@@ -24,7 +24,7 @@ buffers in non-blocking mode, see capture/reader.py) iterated to the binlog's en
     .venv/bin/python bench/capture.py [--txns 3000] [--rows-per-txn 5] [--repeat 3] [--port PORT]
                                       [--sysbench-txns N] [--median] [--profile]
                                       [--e2e-only] [--baseline-tree DIR ...] [--profile-e2e FILE]
-                                      [--rate TPS --rate-seconds S]
+                                      [--rate TPS --rate-seconds S [--variant NAME:KEY=V,...]]
 
 The end-to-end runs also report the capture process's CPU per source transaction (/proc, from
 the last metrics poll showing 0 committed to the one showing all committed). `--baseline-tree`
@@ -43,8 +43,10 @@ first baseline tree's last run to FILE.baseline.
    was woken — socket reads that waited, loop wake-ups, gRPC completions, GIL hand-overs between
    its threads), its groups, the
    pumps' write requests (their `sluice_pump_write_requests_total`) and, when the tree exports
-   them, the reader's socket reads and the loop's cross-thread wake-ups. `--baseline-tree`
-   alternates as in 2.
+   them, the reader's socket reads and the loop's cross-thread wake-ups; and the CPU per source
+   transaction of the TSO, the two pumps and etcd over the same window (every group costs work
+   there too). `--baseline-tree` alternates as in 2; `--variant NAME:KEY=V[,KEY=V]` runs this
+   checkout with other capture settings (e.g. `min0:group-min-interval-ms=0`) in the rotation.
 
 With --sysbench-txns the binlog is sysbench `oltp_write_only` instead (1 table of 10k rows
 prepared first, then N transactions at full speed with 4 threads: per transaction two UPDATEs
@@ -164,7 +166,7 @@ runpy.run_module("sluice.ctl.main", run_name="__main__")
 
 
 def _start_capture(cluster: typing.Any, producer: str, server_port: int, password: str, start: str,
-                   tree: Path | None) -> tuple[typing.Any, str]:
+                   tree: Path | None, extra: dict[str, object] | None = None) -> tuple[typing.Any, str]:
     """A capture process from GTID `start` (from `tree`'s checkout when given) and its metrics
     address."""
     from tests.support.cluster import set_args
@@ -175,7 +177,7 @@ def _start_capture(cluster: typing.Any, producer: str, server_port: int, passwor
         "tso": cluster.tso_addrs, "start-position": f"gtid:{start}", "metrics-addr": metrics,
         "source.host": "127.0.0.1", "source.port": server_port, "source.user": "root",
         "source.password": password, "source.server-id": 9200 + int(producer.rsplit("-", 1)[1]),
-        "source.name": producer,
+        "source.name": producer, **(extra or {}),
     }
     argv = sluice_argv("capture", *set_args(settings))
     if tree is not None:
@@ -324,6 +326,9 @@ class RateRun:
     drain_s: float         # from sysbench's end to the last transaction committed
     loop_s: float = float("nan")     # the main thread's CPU over the window (the event loop)
     reader_s: float = float("nan")   # the busiest other thread's: the binlog reader
+    # CPU over the same window of the processes every group also costs: the TSO, the two
+    # pumps, etcd (the capture's group size changes their work too)
+    others_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 _READS = "sluice_capture_source_reads_total"
@@ -334,7 +339,8 @@ _WAKEUPS = "sluice_capture_loop_wakeups_total"
 
 def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: int,  # type: ignore[no-untyped-def]
              producer: str, pump_metrics: list[str], tree: Path | None = None,
-             profile: Path | None = None) -> RateRun:
+             profile: Path | None = None, extra: dict[str, object] | None = None,
+             others: dict[str, int] | None = None) -> RateRun:
     """A fresh capture at the source's current GTID, then sysbench paced at `rate` for `seconds`
     while it streams live into the pumps; totals from its streaming start to all committed."""
     from tests.support.procs import PYTHON, Proc
@@ -343,7 +349,8 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
             c.cursor() as cur:
         cur.execute("SELECT @@GLOBAL.gtid_binlog_pos")
         start = cur.fetchone()[0] or ""
-    proc, metrics = _start_capture(cluster, producer, server_port, password, start, tree)
+    proc, metrics = _start_capture(cluster, producer, server_port, password, start, tree, extra)
+    others = others or {}
     spy = None
     try:
         deadline = time.time() + 60
@@ -376,6 +383,7 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
                 "--output", str(profile)], cluster.workdir / f"{producer}-py-spy.log").start()
         m0, w0 = _scrape(metrics), pumps_writes()
         cpu0, ctx0, th0 = _cpu_s(proc.pid), _ctx_switches(proc.pid), _thread_cpu_s(proc.pid)
+        o0 = {k: _cpu_s(pid) for k, pid in others.items()}
         res = sb.run(seconds, rate)
         ended = time.time()
         want = m0.get("sluice_capture_transactions_total", 0.0) + res.transactions
@@ -390,6 +398,7 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
             time.sleep(0.05)
         drained = time.time()
         cpu1, ctx1, th1 = _cpu_s(proc.pid), _ctx_switches(proc.pid), _thread_cpu_s(proc.pid)
+        others_s = {k: _cpu_s(pid) - o0[k] for k, pid in others.items()}
         th = {t: c - th0.get(t, 0.0) for t, c in th1.items()}
         loop_s = th.pop(proc.pid, float("nan"))
         w1 = pumps_writes()
@@ -408,7 +417,7 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
             reads=delta(_READS, m2) if _READS in m2 else None,
             wakeups=delta(_WAKEUPS, m2) if _WAKEUPS in m2 else None,
             group_ms=1000 * gs / gc if gc else float("nan"), drain_s=drained - ended,
-            loop_s=loop_s, reader_s=max(th.values(), default=float("nan")))
+            loop_s=loop_s, reader_s=max(th.values(), default=float("nan")), others_s=others_s)
     finally:
         if spy is not None:
             spy.signal(2)
@@ -421,6 +430,19 @@ def run_rate(cluster, server_port: int, password: str, sb, rate: int, seconds: i
         proc.stop()
 
 
+def _other_ms(runs: list[RateRun], key: str) -> str:
+    """Median ms CPU per transaction of the TSO, the pumps, etcd or all with the capture."""
+    vals = []
+    for r in runs:
+        o = r.others_s
+        if not o:
+            return "n/a"
+        v = r.cpu_s + sum(o.values()) if key == "all" else sum(
+            x for k, x in o.items() if k == key or (key == "pumps" and k.startswith("pump-")))
+        vals.append(1000 * v / r.txns)
+    return f"{statistics.median(vals):.4f}"
+
+
 def print_rate(a, variants: list[tuple[str, list[RateRun]]], loads: list[float]) -> None:  # type: ignore[no-untyped-def]
     med = statistics.median
     print(f"bounded rate: sysbench oltp_write_only at --rate {a.rate} for {a.rate_seconds} s, capture "
@@ -429,8 +451,9 @@ def print_rate(a, variants: list[tuple[str, list[RateRun]]], loads: list[float])
     print()
     print("| capture | tps | CPU ms / txn | runs (CPU ms/txn) | reader thread ms / txn | loop thread ms / txn "
           "| voluntary ctx switches / txn | socket reads / txn "
-          "| loop wake-ups / txn | txns / group | pump writes / txn | group ms | drain s |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| loop wake-ups / txn | txns / group | pump writes / txn | group ms | drain s "
+          "| TSO ms / txn | pumps ms / txn | etcd ms / txn | capture + TSO + pumps + etcd ms / txn |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, runs in variants:
         per = [1000 * r.cpu_s / r.txns for r in runs]
 
@@ -444,15 +467,29 @@ def print_rate(a, variants: list[tuple[str, list[RateRun]]], loads: list[float])
               f"{m(lambda r: None if r.wakeups is None else r.wakeups / r.txns)} | "
               f"{m(lambda r: r.txns / r.groups if r.groups else 0.0)} | "
               f"{m(lambda r: r.pump_writes / r.txns)} | {m(lambda r: r.group_ms)} | "
-              f"{m(lambda r: r.drain_s)} |")
+              f"{m(lambda r: r.drain_s)} | "
+              + " | ".join(_other_ms(runs, k) for k in ("tso", "pumps", "etcd", "all")) + " |")
     if len(variants) > 1:
         base = med(1000 * r.cpu_s / r.txns for r in variants[0][1])
         for name, runs in variants[1:]:
             ours = med(1000 * r.cpu_s / r.txns for r in runs)
-            print(f"| {name} vs {variants[0][0]} (CPU) | | {base / ours:.2f}x less | | | | | | | | | | |")
+            print(f"| {name} vs {variants[0][0]} (CPU) | | {base / ours:.2f}x less | | | | | | | | | | | | | | |")
     print(f"machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
           f"python {platform.python_version()}, load average {os.getloadavg()[0]:.1f}, "
           f"date {time.strftime('%Y-%m-%d %H:%M')}")
+
+
+def _parse_variant(text: str) -> tuple[str, dict[str, object]]:
+    name, _, rest = text.partition(":")
+    pairs = [kv.split("=", 1) for kv in rest.split(",") if kv.strip()]
+    if not name or not pairs or any(len(kv) != 2 for kv in pairs):
+        raise SystemExit(f"--variant {text!r}: expected NAME:KEY=VALUE[,KEY=VALUE]")
+    def typed(v: str) -> object:
+        try:
+            return int(v)
+        except ValueError:
+            return v
+    return name, {k.strip(): typed(v.strip()) for k, v in pairs}
 
 
 def main() -> None:
@@ -482,6 +519,9 @@ def main() -> None:
                     help="bounded-rate mode: sysbench paced at this many tps while the capture "
                          "streams live (see 3. above)")
     ap.add_argument("--rate-seconds", type=int, default=30)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=V[,KEY=V]",
+                    help="--rate: also run this checkout with these capture settings (e.g. "
+                         "'min0:group-min-interval-ms=0'), alternating with the others; repeatable")
     ap.add_argument("--profile-rate", type=Path,
                     help="--rate: py-spy (GIL samples) of this checkout's last run to FILE, the "
                          "first baseline tree's to FILE.baseline")
@@ -525,7 +565,12 @@ def main() -> None:
                 cluster.start_pump(p, wait_online=False, **{"metrics-addr": addr})
             for p in ("pump-1", "pump-2"):
                 cluster.wait_pump_writable(cluster.pumps[p])
-            trees: list[Path | None] = [*a.baseline_tree, None]
+            others = {"tso": cluster.procs[0].pid, "etcd": etcd.proc.pid,
+                      **{p: h.proc.pid for p, h in cluster.pumps.items()}}
+            variants = [_parse_variant(v) for v in a.variant]
+            trees: list[Path | None] = [*a.baseline_tree, *[None] * len(variants), None]
+            extras: list[dict[str, object] | None] = [None] * len(a.baseline_tree) + [
+                v[1] for v in variants] + [None]
             runs: list[list[RateRun]] = [[] for _ in trees]
             loads = []
             n = 0
@@ -539,9 +584,11 @@ def main() -> None:
                         elif j == 0:
                             prof = a.profile_rate.with_name(a.profile_rate.name + ".baseline")
                     runs[j].append(run_rate(cluster, port, password, sb, a.rate, a.rate_seconds,
-                                            f"bench-cap-{n}", pump_metrics, tree, prof))
+                                            f"bench-cap-{n}", pump_metrics, tree, prof,
+                                            extras[j], others))
                     n += 1
             names = [f"{'baseline' if j == 0 else 'step'} tree {t}" for j, t in enumerate(a.baseline_tree)]
+            names += [f"this checkout, {v[0]}" for v in variants]
             print_rate(a, list(zip([*names, "this checkout"], runs)), loads)
             if a.profile_rate is not None:
                 base_prof = a.profile_rate.with_name(a.profile_rate.name + ".baseline")

@@ -63,9 +63,13 @@ class CaptureConfig:
     # "db.table" a MySQL sink writes in each transaction (its checkpoint table): transactions
     # touching it, and DDL starting with `/* sluice-apply */`, are skipped (loop prevention)
     mark_table: str = ""
-    group_max_txns: int = 256
+    group_max_txns: int = 512
     group_max_bytes: int = 4 << 20
     group_max_wait_ms: int = 20
+    # While the source is busy, a group goes out at most once per this many ms (at once when
+    # group-max-txns/bytes is reached): every group costs TSO requests, two pump RPCs and work
+    # in every process whatever its size. 0: no minimum.
+    group_min_interval_ms: int = 200
     heartbeat_s: float = 1.0
     metrics_addr: str = ""
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
@@ -114,3 +118,7 @@ class CaptureConfig:
                     "snapshot_parallelism"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}: key '{key.replace('_', '-')}' must be >= 1")
+        for key in ("group_max_wait_ms", "group_min_interval_ms"):
+            if not 0 <= getattr(self, key) <= 10_000:
+                raise ConfigError(f"{where}: key '{key.replace('_', '-')}' must be in "
+                                  f"[0, 10000] ms, not {getattr(self, key)}")

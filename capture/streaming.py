@@ -269,6 +269,8 @@ class Streaming:
         c = self.config
         loop = asyncio.get_running_loop()
         wait_s = c.group_max_wait_ms / 1000
+        min_interval_s = c.group_min_interval_ms / 1000
+        last_sent = float("-inf")
         backoff = RECONNECT_BACKOFF_S[0]
         held: object = None      # a marker that ended the previous group, handled first
         ts_taken: asyncio.Event | None = None   # the group in flight fetched its commit_ts
@@ -286,7 +288,9 @@ class Streaming:
                 raise item
             group: list[SourceTxn] = [item]  # type: ignore[list-item]
             size = group[0].size
-            deadline = loop.time() + wait_s
+            # A busy source: the group fills until min-interval after the previous group went
+            # out (fewer, larger groups); a quiet one: group-max-wait after its first transaction.
+            deadline = max(loop.time() + wait_s, last_sent + min_interval_s)
             while len(group) < c.group_max_txns and size < c.group_max_bytes \
                     and not _progress_only(group[-1]):
                 if not queue.qsize():
@@ -304,6 +308,7 @@ class Streaming:
                     break
                 group.append(nxt)
                 size += nxt.size
+            last_sent = loop.time()
             t0 = time.monotonic()
             self._writing += 1
             try:

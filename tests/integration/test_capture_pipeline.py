@@ -269,8 +269,10 @@ def test_two_sources_merge_into_one_pump_cluster(cluster: Cluster, mariadb_modul
         befores = [gtid_pos(mariadb_module), gtid_pos(other)]
         drainer = cluster.start_drainer("drainer-two", sink="file",
                                         **{"initial-commit-ts": pump_log.after["pump-1"]})
-        caps = [start_capture(cluster, mariadb_module, "cap-two-a"),
-                start_capture(cluster, other, "cap-two-b", **{"start-position": "earliest"})]
+        # Small groups (no minimum interval), so that the two captures' groups interleave.
+        caps = [start_capture(cluster, mariadb_module, "cap-two-a", **{"group-min-interval-ms": 0}),
+                start_capture(cluster, other, "cap-two-b", **{"start-position": "earliest",
+                                                              "group-min-interval-ms": 0})]
         for cap in caps:
             wait_streaming(cap)
         threads = [threading.Thread(target=load.run, args=(400,)) for load in loads]
@@ -447,4 +449,46 @@ def test_the_next_group_is_prewritten_while_the_previous_commit_is_in_flight(
     assert_exactly_once(txns, want)
     assert_source_order(txns)
     assert capture_metrics(cap)["sluice_capture_groups_overlapped_total"] >= 1
+    cap.stop()
+
+
+def test_a_busy_source_starts_a_group_at_most_every_min_interval(
+        cluster: Cluster, mariadb_module: MariaDBServer, pump_log: PumpLog) -> None:
+    """group-min-interval-ms: while transactions keep coming, a group starts at most once per
+    interval — fewer, larger groups, since each group costs TSO requests, two pump RPCs and
+    per-group work whatever its size —, every transaction still reaches the pumps exactly once
+    and in source order, and a transaction after a quiet spell longer than the interval goes
+    out at once (group-max-wait-ms), not an interval later."""
+    db = mariadb_module
+    load = SourceLoad(db, "mingap", seed=23)
+    load.create()
+    before = gtid_pos(db)
+    interval = 1.0
+    cap = start_capture(cluster, db, "cap-mingap",
+                        **{"start-position": f"gtid:{before}",
+                           "group-min-interval-ms": int(interval * 1000)})
+    wait_streaming(cap)
+    m0 = capture_metrics(cap)
+    t0 = time.monotonic()
+    load.run(200, pace_s=0.01)     # a steady trickle of a few seconds
+    elapsed = time.monotonic() - t0
+    want = gtid_range(before, gtid_pos(db))
+    pump_log.wait_for(lambda: set(want) <= {gtid_of(t) for t in pump_log.txns("cap-mingap")}, 60,
+                      watch=(cap,))
+    txns = pump_log.txns("cap-mingap")
+    assert_exactly_once(txns, want)
+    assert_source_order(txns)
+    m1 = capture_metrics(cap)
+    groups = m1["sluice_capture_groups_total"] - m0["sluice_capture_groups_total"]
+    # + 2: the group the trickle's first transaction opened and the one its last ended.
+    assert 1 <= groups <= elapsed / interval + 2, (groups, elapsed)
+
+    time.sleep(interval * 1.5)
+    done = m1["sluice_capture_transactions_total"]
+    sent = time.monotonic()
+    load.run(1)
+    wait_until(lambda: capture_metrics(cap)["sluice_capture_transactions_total"] > done, 10, 0.02,
+               what="the lone transaction committed to the pumps")
+    assert time.monotonic() - sent < interval * 0.8, "a quiet source's transaction waits no interval"
+    load.close()
     cap.stop()

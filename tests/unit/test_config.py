@@ -197,3 +197,15 @@ def test_passwords_come_from_env_or_file_and_errors_never_show_them(
     assert cap.source.password == "s3cret-env"
     assert config.from_dict(MySQLSinkConfig, {"password": f"file:{secret}"}, "to").password \
         == "s3cret-file"
+
+
+def test_capture_group_timing_keys_are_bounded() -> None:
+    """group-max-wait-ms and group-min-interval-ms: 0..10000 ms, else an error naming the key."""
+    from sluice.capture.config import CaptureConfig
+    ok = config.load(CaptureConfig, None, ["producer-id=c1", "group-min-interval-ms=0",
+                                           "group-max-wait-ms=0"])
+    ok.validate("capture")
+    for key, value in (("group-min-interval-ms", -1), ("group-max-wait-ms", 10_001)):
+        cfg = config.load(CaptureConfig, None, ["producer-id=c1", f"{key}={value}"])
+        with pytest.raises(ConfigError, match=rf"key '{key}' must be in \[0, 10000\] ms, not {value}"):
+            cfg.validate("capture")
