@@ -13,6 +13,7 @@ from sluice.capture.metrics import CaptureMetrics
 from sluice.core.cli import check_etcd_reachable
 from sluice.core import config as cfg
 from sluice.core import log as logsetup
+from sluice.core.loopwatch import watched
 from sluice.capture.incarnation import TRANSIENT, Capture
 from sluice.capture.start import source_checks
 
@@ -58,7 +59,8 @@ def run_restarting(config: CaptureConfig, metrics: CaptureMetrics,
     while True:
         began = time.monotonic()
         try:
-            return asyncio.run(Capture(config, metrics).run())
+            return asyncio.run(watched(f"capture {config.producer_id}",
+                                       Capture(config, metrics).run()))
         except TRANSIENT as e:
             if time.monotonic() - began > RESTART_RESET_S:
                 backoff = RESTART_BACKOFF_S[0]

@@ -28,6 +28,7 @@ from sluice.core.etcd import Etcd
 from sluice.core.log import kv
 from sluice.core.memory import retain_freed_memory
 from sluice.core.registry import NodeState, Registry
+from sluice.core.loopwatch import watched
 from sluice.drainer.checkpointer import Checkpointer
 from sluice.drainer.config import DrainerConfig
 from sluice.drainer.ha import FencedCheckpointStore
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     check_prerequisites(config)
     tune_gc()
     retain_freed_memory()
-    return asyncio.run(Drainer(config).run_forever())
+    return asyncio.run(watched(f"drainer {config.name or config.addr}", Drainer(config).run_forever()))
 
 
 def tune_gc() -> None:

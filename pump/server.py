@@ -21,6 +21,7 @@ from sluice.core.etcd import Etcd
 from sluice.core.registry import NodeKind, Registry
 from sluice.core.tso_client import TSOClient
 from sluice.core.registry import CONFIG_PATH
+from sluice.core.loopwatch import watched
 from sluice.pump.storage.storage import Storage
 
 from .admission import ProducerAdmission
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args)
     logsetup.setup(args.log_level, args.log_file)
     check_prerequisites(config)
-    asyncio.run(PumpServer(config).run_forever())
+    asyncio.run(watched(f"pump {config.node_id or config.addr}", PumpServer(config).run_forever()))
     return 0
 
 
