@@ -119,6 +119,6 @@ class CaptureConfig:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{where}: key '{key.replace('_', '-')}' must be >= 1")
         for key in ("group_max_wait_ms", "group_min_interval_ms"):
-            if not 0 <= getattr(self, key) <= 10_000:
-                raise ConfigError(f"{where}: key '{key.replace('_', '-')}' must be in "
-                                  f"[0, 10000] ms, not {getattr(self, key)}")
+            name, ms = key.replace("_", "-"), getattr(self, key)
+            if not 0 <= ms <= 10_000:
+                raise ConfigError(f"{where}: key '{name}' must be in [0, 10000] ms, not {ms}")
