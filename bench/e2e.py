@@ -81,7 +81,7 @@ import psutil  # noqa: E402
 from e2e_support import (CheckpointPoller, LagSampler, LagStats, Probes, PySpy,  # noqa: E402
                          RowPoller, Sysbench, SysbenchResult, connect, cpu_percent, cpu_seconds,
                          lag_stats, metric_rates, percentile, profiles_markdown, py_spy_path, say,
-                         scrape, spark_batches)
+                         scrape, spark_batches, StreamLagSampler)
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "sluice-root"
@@ -115,10 +115,12 @@ class Phase:
         self0 = resource.getrusage(resource.RUSAGE_SELF)
         load0 = os.getloadavg()
         ticker = Progress(self.name, self.probes, self.sinks, seconds).start()
+        streams = StreamLagSampler(self.metrics_addrs).start()
         try:
             res = bench.run(seconds, rate)
         finally:
             ticker.stop()
+            worst_stream = streams.stop()
         c1, w1 = cpu_seconds(self.pids), time.time()
         self1 = resource.getrusage(resource.RUSAGE_SELF)
         # The load generator and this script (probes, pollers) run on the same cores.
@@ -147,6 +149,9 @@ class Phase:
             "cpu_ms_per_txn": {k: round(1000 * (c1[k] - c0.get(k, 0.0)) / res.transactions, 4)
                                for k in c1} if res.transactions else {},
             "metrics": {k: metric_rates(m0[k], m1[k], w1 - w0, KEEP) for k in m1 if m1[k]},
+            # the largest lag of each drainer's view of each pump behind that pump's served
+            # watermark, sampled every second (a stalled reader shows here first)
+            "stream_lag_max_s": worst_stream,
             "load_before": [round(x, 2) for x in load0], "load_after": [round(x, 2) for x in os.getloadavg()],
         })
         self._lags, self._res, self._drained_at = lags, res, drained_at
@@ -747,6 +752,10 @@ def profile_lines(ph: dict[str, Any]) -> list[str]:
                    f"{_m(ph, pump, 'sluice_pump_write_requests_total /s'):,.1f} writes/s; watermark lag "
                    f"{_m(ph, pump, 'sluice_pump_watermark_lag_seconds'):.2f}s; fsync "
                    f"{_m(ph, pump, 'sluice_pump_fsync_latency_ms'):.1f} ms")
+    if ph.get("stream_lag_max_s"):
+        out.append("largest lag of a drainer's view of a pump behind the pump's served watermark "
+                   "(sampled each second): " + ", ".join(f"{k} {v:.1f}s" for k, v in
+                                                        ph["stream_lag_max_s"].items()))
     for d in sorted(k for k in ph["metrics"] if k.startswith("drainer-")):
         t = _m(ph, d, "sluice_drainer_txns_total /s")
         pend = sum(v for k, v in ph["metrics"][d].items() if k.startswith("sluice_drainer_pump_pending_txns"))

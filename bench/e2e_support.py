@@ -722,3 +722,53 @@ def profiles_markdown(profiles: list[Profile], top: int, header: str) -> str:
                 lines.append(f"| `{f}` | {t:.1%} |")
         lines.append("")
     return "\n".join(lines)
+
+
+TS_PER_SECOND = 1000 << 18     # TSO timestamps: milliseconds << 18
+
+
+def stream_lags(samples: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Seconds each drainer's view of each pump is behind that pump's own served watermark, from
+    one scrape of every process ({"drainer-x<pump-1": s}); a stream that stops being read while
+    its pump serves on shows here long before any probe."""
+    served = {name: m["sluice_pump_served_watermark"] for name, m in samples.items()
+              if name.startswith("pump-") and m.get("sluice_pump_served_watermark")}
+    out: dict[str, float] = {}
+    for name, m in samples.items():
+        if not name.startswith("drainer-"):
+            continue
+        for pump, wm in served.items():
+            seen = m.get(f'sluice_drainer_pump_watermark{{pump="{pump}"}}')
+            if seen:
+                out[f"{name}<{pump}"] = (wm - seen) / TS_PER_SECOND
+    return out
+
+
+class StreamLagSampler:
+    """Scrapes every process once a second while a phase runs; keeps each stream's largest lag
+    (stream_lags) and when it was seen."""
+
+    def __init__(self, metrics_addrs: dict[str, str], every: float = 1.0) -> None:
+        self.addrs = {k: a for k, a in metrics_addrs.items() if k.startswith(("pump-", "drainer-"))}
+        self.every = every
+        self.worst: dict[str, tuple[float, float]] = {}    # stream -> (lag s, wall time)
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stream-lag", daemon=True)
+
+    def start(self) -> StreamLagSampler:
+        if self.addrs:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._halt.wait(self.every):
+            now = time.time()
+            for stream, lag in stream_lags({k: scrape(a) for k, a in self.addrs.items()}).items():
+                if lag > self.worst.get(stream, (float("-inf"), 0.0))[0]:
+                    self.worst[stream] = (lag, now)
+
+    def stop(self) -> dict[str, float]:
+        self._halt.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        return {k: round(v[0], 2) for k, v in sorted(self.worst.items())}

@@ -130,3 +130,17 @@ def test_pipeline_with_one_drainer_against_the_replica_at_both_rates() -> None:
     assert [r[3] for r in rows] == ["2.55x", "1.75x"]
     assert rows[0][4].endswith("NOT met") and rows[1][4].endswith(": met")
     assert "2,087 tps" in rows[1][0]
+
+
+def test_stream_lags_are_each_drainers_view_of_each_pump_behind_its_served_watermark() -> None:
+    from e2e_support import TS_PER_SECOND, stream_lags
+    wm = 470_000_000_000_000_000
+    samples = {
+        "pump-1": {"sluice_pump_served_watermark": wm},
+        "pump-2": {"sluice_pump_served_watermark": wm + TS_PER_SECOND},
+        "drainer-mysql": {'sluice_drainer_pump_watermark{pump="pump-1"}': wm,
+                          'sluice_drainer_pump_watermark{pump="pump-2"}': wm - 14 * TS_PER_SECOND},
+        "drainer-spark": {},                      # not scraped this time: no streams
+        "capture": {"sluice_capture_transactions_total": 5.0},
+    }
+    assert stream_lags(samples) == {"drainer-mysql<pump-1": 0.0, "drainer-mysql<pump-2": 15.0}
