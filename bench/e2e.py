@@ -40,7 +40,8 @@
    into Spark. Then the summary table (with the pipeline with one drainer — capture, pumps,
    TSO, etcd, supervisor, the MySQL drainer — against the replica's CPU per transaction at full
    speed and at Sluice's rate: issue #23's <= 2x; and, per drainer and pump, the largest lag of
-   the drainer's view of the pump behind the pump's served watermark, sampled every second), %CPU and Prometheus rates per phase, the profile
+   the drainer's view of the pump behind the pump's served watermark, sampled every second),
+   %CPU and Prometheus rates per phase, the profile
    tables, and one JSON line.
 
 Probes: a row in `bench_probe.probe` committed every 200 ms on the source, the commit's wall time

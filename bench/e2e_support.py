@@ -724,9 +724,6 @@ def profiles_markdown(profiles: list[Profile], top: int, header: str) -> str:
     return "\n".join(lines)
 
 
-TS_PER_SECOND = 1000 << 18     # TSO timestamps: milliseconds << 18
-
-
 def stream_lags(samples: dict[str, dict[str, float]]) -> dict[str, float]:
     """Seconds each drainer's view of each pump is behind that pump's own served watermark, from
     one scrape of every process ({"drainer-x<pump-1": s}); a stream that stops being read while
@@ -740,18 +737,19 @@ def stream_lags(samples: dict[str, dict[str, float]]) -> dict[str, float]:
         for pump, wm in served.items():
             seen = m.get(f'sluice_drainer_pump_watermark{{pump="{pump}"}}')
             if seen:
-                out[f"{name}<{pump}"] = (wm - seen) / TS_PER_SECOND
+                from sluice.core.ts import physical_ms
+                out[f"{name}<{pump}"] = (physical_ms(int(wm)) - physical_ms(int(seen))) / 1000
     return out
 
 
 class StreamLagSampler:
-    """Scrapes every process once a second while a phase runs; keeps each stream's largest lag
-    (stream_lags) and when it was seen."""
+    """Scrapes every pump and drainer once a second while a phase runs; keeps each stream's
+    largest lag (stream_lags)."""
 
     def __init__(self, metrics_addrs: dict[str, str], every: float = 1.0) -> None:
         self.addrs = {k: a for k, a in metrics_addrs.items() if k.startswith(("pump-", "drainer-"))}
         self.every = every
-        self.worst: dict[str, tuple[float, float]] = {}    # stream -> (lag s, wall time)
+        self.worst: dict[str, float] = {}    # stream -> largest lag seen (s)
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stream-lag", daemon=True)
 
@@ -762,13 +760,11 @@ class StreamLagSampler:
 
     def _run(self) -> None:
         while not self._halt.wait(self.every):
-            now = time.time()
             for stream, lag in stream_lags({k: scrape(a) for k, a in self.addrs.items()}).items():
-                if lag > self.worst.get(stream, (float("-inf"), 0.0))[0]:
-                    self.worst[stream] = (lag, now)
+                self.worst[stream] = max(lag, self.worst.get(stream, lag))
 
     def stop(self) -> dict[str, float]:
         self._halt.set()
         if self._thread.is_alive():
             self._thread.join(5)
-        return {k: round(v[0], 2) for k, v in sorted(self.worst.items())}
+        return {k: round(v, 2) for k, v in sorted(self.worst.items())}
