@@ -6,9 +6,10 @@ same start_ts and the same commit_ts (DESIGN §2.5), and nothing acknowledged is
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,18 @@ async def load(client: PumpsClient, tso: TSOClient, n: int, txns: list[Txn],
                 committed = False
             txns.append(Txn(s, c, ack.pumps, acked_at, committed))
     await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def acks_stopped(txns: list[Txn], quiet_s: float) -> Callable[[], bool]:
+    """A condition: no transaction was acknowledged in the last quiet_s seconds."""
+    seen = [len(txns), time.monotonic()]
+
+    def check() -> bool:
+        now = time.monotonic()
+        if len(txns) != seen[0]:
+            seen[:] = [len(txns), now]
+        return now - seen[1] >= quiet_s
+    return check
 
 
 def pull_commits(cluster: Cluster, upto: int) -> dict[str, dict[int, int]]:
@@ -228,15 +241,22 @@ def test_replicas_two_keeps_two_copies_and_writes_continue_when_one_pump_dies(
         await client.start()
         try:
             assert client.replicas == 2
-            # The kill lands while up to 32 transactions are in flight; the rest (~2,000) start
-            # after it, so how many land after the kill does not depend on the machine's speed.
+            # ~2,000 transactions start after the kill, so how many land after it does not
+            # depend on the machine's speed. pump-1 is frozen first and the gate opened, so the
+            # kill finds prewrites in flight to it: with none in flight the client can learn of
+            # the death from a failed commit and route around pump-1 without a single failover.
             opened = asyncio.Event()
             loader = asyncio.create_task(load(client, tso, 3000, txns, concurrency=32,
                                               gate=(1032, opened)))
             await asyncio.to_thread(wait_until, lambda: len(txns) >= 1000, 60, what="1000 txns")
+            cluster.pumps["pump-1"].proc.signal(signal.SIGSTOP)
+            opened.set()
+            # Every worker is soon stuck on a write to pump-1 (2 of 3 pairs hold it): the acks
+            # stop. The write timeout (3 s) is longer than this wait.
+            await asyncio.to_thread(wait_until, acks_stopped(txns, 0.3), 2.5, 0.02,
+                                    what="every worker waiting on frozen pump-1")
             cluster.pumps["pump-1"].proc.kill9()
             marks["killed"] = time.monotonic()
-            opened.set()
             await loader
             marks["failovers"] = client.metrics.m.registry.get_sample_value(
                 "sluice_client_failovers_total")
@@ -255,7 +275,7 @@ def test_replicas_two_keeps_two_copies_and_writes_continue_when_one_pump_dies(
     assert min(t.acked_at for t in last) > marks["killed"]
     assert all(set(t.pumps) == {"pump-2", "pump-3"} for t in last)
     assert all(t.committed for t in txns)   # one live member of the pair is enough
-    assert marks["failovers"] > 0
+    assert marks["failovers"] > 0, marks
     for node_id in cluster.pumps:
         wait_until(lambda: unresolved(cluster, node_id) == 0, 20,
                    what=f"{node_id} to have no unresolved prewrite")
