@@ -5,12 +5,15 @@ synchronous call that waits, long Python work holding the loop) stops every stre
 of the process at once, which from outside looks like a stalled stream. The loop stamps a
 clock every `tick` seconds; a watcher thread that sees the stamp older than `threshold` logs a
 warning with the loop thread's Python stack, sampled while it is stuck (once per stall), and
-when the loop runs again, how long the stall lasted. Cost: one timer callback per tick.
+when the loop runs again, how long the stall lasted and which threads of the process used the
+CPU meanwhile (from /proc: a loop thread parked at a function's first line is waiting for the
+GIL, and the busiest thread is who held it). Cost: one timer callback per tick.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 import time
@@ -64,19 +67,24 @@ class LoopWatch:
 
     def _watch(self) -> None:
         stuck_since: float | None = None
+        cpu_before: dict[str, float] = {}
         while not self._done.wait(self.tick):
             stamp = self._stamp
             late = time.monotonic() - stamp
             if stuck_since is None and late > self.threshold:
                 stuck_since = stamp
-                log.warning("%s: event loop blocked for %.1fs so far; its thread is in:\n%s",
-                            self.name, late, self._stack())
+                cpu_before = thread_cpu()
+                log.warning("%s: event loop blocked for %.1fs so far; its thread is in:\n%s"
+                            "other threads are in:\n%s", self.name, late, self._stack(),
+                            self._other_stacks())
             elif stuck_since is not None and stamp > stuck_since:
                 # The stamp moved: the loop ran again.
                 lasted = stamp - stuck_since
                 stuck_since = None
                 self.stalls += 1
-                log.warning("%s: event loop ran again after %.1fs blocked", self.name, lasted)
+                log.warning("%s: event loop ran again after %.1fs blocked; CPU seconds by thread "
+                            "since the warning: %s", self.name, lasted,
+                            busiest(cpu_before, thread_cpu()))
                 if self.on_stall is not None:
                     self.on_stall(lasted)
 
@@ -85,6 +93,52 @@ class LoopWatch:
         if frame is None:
             return "  (no frame)"
         return "".join(traceback.format_stack(frame, limit=12))
+
+    def _other_stacks(self) -> str:
+        """The innermost frames of every other Python thread, one line each."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        lines = []
+        for ident, frame in sys._current_frames().items():
+            if ident in (self._loop_thread, threading.get_ident()):
+                continue
+            where = " <- ".join(f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})"
+                                for f in reversed(traceback.extract_stack(frame, limit=3)))
+            lines.append(f"  {names.get(ident, ident)}: {where}\n")
+        return "".join(lines) or "  (none)\n"
+
+
+_TICK_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of this process, by `name/tid`: Python
+    threads by their name, others (gRPC's, the JVM's) by the kernel's. Empty without /proc."""
+    py_names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue   # the thread ended
+        comm_end = stat.rindex(b")")
+        comm = stat[stat.index(b"(") + 1:comm_end].decode(errors="replace")
+        fields = stat[comm_end + 2:].split()
+        # fields[11], fields[12]: utime, stime (the 14th and 15th of stat, after pid and comm)
+        cpu = (int(fields[11]) + int(fields[12])) / _TICK_S
+        out[f"{py_names.get(int(tid), comm)}/{tid}"] = cpu
+    return out
+
+
+def busiest(before: dict[str, float], after: dict[str, float], top: int = 5) -> str:
+    """The threads that used the most CPU between two `thread_cpu` readings."""
+    used = sorted(((after[k] - before.get(k, 0.0), k) for k in after), reverse=True)
+    shown = [f"{k} {d:.2f}" for d, k in used[:top] if d > 0]
+    return ", ".join(shown) or "none"
 
 
 async def watched(name: str, main: Awaitable[T]) -> T:
