@@ -118,6 +118,11 @@ class KeyWatch:
                 self._async_flag.set()
         if self._broken:
             await asyncio.to_thread(self.start)
+        if not self._flag.is_set():
+            # A stale wakeup: `due` consumed its change before the wakeup ran on the loop. Left
+            # set, `wait()` would return without suspending and a follower loop would spin on
+            # the event loop until `fallback` passed.
+            self._async_flag.clear()
         # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that arrives
         # as the flag is set (a node writing its own status as it stops), and the task would
         # then never end.

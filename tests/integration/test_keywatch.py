@@ -106,3 +106,40 @@ def test_a_cancelled_waiter_ends_even_as_the_key_changes(etcd):
         asyncio.run(run())
     finally:
         c.close()
+
+
+def test_a_change_consumed_before_its_loop_wakeup_does_not_make_the_waiter_spin(etcd):
+    """The watch thread flags a change and schedules the loop's wakeup; the caller's read can
+    consume the change (`due`) before that wakeup runs. The late wakeup must not leave the
+    waiter returning at once without suspending: a follower loop then spun on the event loop
+    until `fallback` passed, again after every fallback read (drainers stalled ~5 s at a
+    time, e2e bench)."""
+    c = Etcd(etcd.endpoint, timeout=2)
+
+    async def run() -> None:
+        w = KeyWatch(c, "/kw/spin", fallback=60.0)
+        assert await w.wait_async(0.05)                     # first read
+        w.wake()            # flags the change, schedules the loop's wakeup (as the watch does)
+        assert w.due()      # the caller consumes the change before that wakeup ran...
+        await asyncio.sleep(0)                              # ...which runs now
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+        t = asyncio.create_task(ticker())
+        t0 = time.monotonic()
+        waits = 0
+        while time.monotonic() - t0 < 0.5 and waits < 1000:
+            assert not await w.wait_async(0.1)
+            waits += 1
+        t.cancel()
+        assert waits <= 6, f"{waits} waits returned in 0.5 s: the waiter does not wait"
+        assert ticks >= 10, f"the loop ran other tasks {ticks} times in 0.5 s"
+        w.cancel()
+    try:
+        asyncio.run(run())
+    finally:
+        c.close()
