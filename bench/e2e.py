@@ -82,8 +82,8 @@ import psutil  # noqa: E402
 
 from e2e_support import (CheckpointPoller, LagSampler, LagStats, Probes, PySpy,  # noqa: E402
                          RowPoller, Sysbench, SysbenchResult, connect, cpu_percent, cpu_seconds,
-                         lag_stats, metric_rates, percentile, profiles_markdown, py_spy_path, say,
-                         scrape, spark_batches, StreamLagSampler)
+                         lag_stats, loop_stalls, metric_rates, percentile, profiles_markdown,
+                         py_spy_path, say, scrape, spark_batches, StreamLagSampler)
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "sluice-root"
@@ -352,6 +352,12 @@ def stop_pid(pid: int, timeout: float = 30) -> None:
 PROFILED = re.compile(r"^(capture|pump-\d+|drainer-.*)$")
 
 
+def stall_text(proc: str, stalls: list[dict[str, Any]]) -> str:
+    lasted = ", ".join(f"{st['seconds']:.1f}s" for st in stalls)
+    busiest = stalls[-1]["threads"] or "n/a"
+    return f"{proc} {len(stalls)}x ({lasted}; busiest threads in the last: {busiest})"
+
+
 def run_profile(a: argparse.Namespace, bench: Sysbench, rate: int, probes: Probes, sinks: list[str],
                 pids: dict[str, int], metrics: dict[str, str], workdir: Path) -> dict[str, Any]:
     """A second window at the same rate with py-spy on the capture, each pump and each drainer
@@ -469,9 +475,13 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
         if a.spark:
             out["half"]["spark_batches"] = spark_batches(Layout(cdir).log(SPARK_DRAINER),
                                                          t_half, time.time())
+        out["half"]["loop_stalls"] = loop_stalls(Layout(cdir).root / "logs", t_half, time.time())
 
         if a.profile:
+            t_prof = time.time()
             out["profile"] = run_profile(a, bench, rate, probes, sinks, pids, metrics, workdir)
+            out["profile"]["loop_stalls"] = loop_stalls(Layout(cdir).root / "logs", t_prof,
+                                                        time.time())
 
         if a.spark and a.steps:
             say("sluice: stopping the Spark drainer (steps go into MariaDB only)")
@@ -660,6 +670,11 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
         print(f"\nwhere the time goes, {ph['phase']} ({ph['tps']:,.0f} source tps):")
         for line in profile_lines(ph):
             print("- " + line)
+        if "loop_stalls" in ph:
+            stalls = ph["loop_stalls"]
+            print("- event loops stalled > 2 s (core/loopwatch.py, from the process logs): "
+                  + ("; ".join(stall_text(proc, v) for proc, v in sorted(stalls.items()))
+                     or "none"))
         sb = ph.get("spark_batches")
         if sb and sb.get("batches"):
             print(f"- spark batches committed in the window: {sb['batches']}, rows per batch p50 "

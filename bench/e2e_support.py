@@ -544,8 +544,7 @@ def spark_batches(log: Path, t0: float, t1: float) -> dict[str, Any] | None:
         m = _BATCH_LINE.match(line)
         if not m:
             continue
-        ts = calendar.timegm(time.strptime(m.group(1)[:19], "%Y-%m-%dT%H:%M:%S")) \
-            + float("0" + m.group(1)[19:])
+        ts = _log_time(m.group(1))
         if not t0 <= ts <= t1:
             continue
         f = dict(_KV.findall(m.group(2)))
@@ -559,6 +558,32 @@ def spark_batches(log: Path, t0: float, t1: float) -> dict[str, Any] | None:
             "commit_s_p50": percentile(commit_s, 50), "commit_s_p90": percentile(commit_s, 90),
             "commit_s_max": max(commit_s),
             "between_commits_s_p50": percentile(gaps, 50) if gaps else None}
+
+
+_STALL_LINE = re.compile(r"^(\S+)Z .* event loop ran again after ([0-9.]+)s blocked(?:; CPU seconds "
+                         r"by thread since the warning: (.*))?$")
+
+
+def _log_time(stamp: str) -> float:
+    return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) + float("0" + stamp[19:])
+
+
+def loop_stalls(logs: Path, t0: float, t1: float) -> dict[str, list[dict[str, Any]]]:
+    """Per process log in `logs` (the cluster's logs/ folder), the event-loop stalls that ended
+    between wall times t0 and t1 (core/loopwatch.py's "ran again" lines): how long each lasted
+    and which threads used the CPU meanwhile. A stalled loop stops every stream of its process:
+    a lag spike with a stall beside it has its cause named."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for log in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        for line in log.read_text(errors="replace").splitlines():
+            if "event loop ran again" not in line:
+                continue
+            m = _STALL_LINE.match(line)
+            if m is None or not t0 <= _log_time(m.group(1)) <= t1:
+                continue
+            out.setdefault(log.stem, []).append(
+                {"at": m.group(1), "seconds": float(m.group(2)), "threads": m.group(3) or ""})
+    return out
 
 
 def write_json(path: Path, data: Any) -> None:

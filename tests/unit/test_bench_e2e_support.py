@@ -3,6 +3,7 @@ process's children, a child's own CPU comes from its exit rusage, py-spy's colla
 become self/total shares."""
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -111,6 +112,48 @@ def test_spark_batches_read_from_the_drainers_own_log_format(tmp_path: Path) -> 
     assert (got["batches"], got["rows_p50"], got["commit_s_max"]) == (2, 100, 4.0)
     assert spark_batches(path, t0 + 3600, t0 + 7200) == {"batches": 0}
     assert spark_batches(tmp_path / "absent.log", t0, t0) is None
+
+
+def test_loop_stalls_read_from_the_loopwatch_lines_of_each_process_log(tmp_path: Path) -> None:
+    """core/loopwatch.py's own messages, written by the real log formatter into one log per
+    process, give each process's stalls in the window (duration and busiest threads)."""
+    import logging
+
+    from e2e_support import loop_stalls
+    from sluice.core.log import KeyValueFormatter
+    from sluice.core.loopwatch import LoopWatch, busiest
+    path = tmp_path / "drainer-spark.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(KeyValueFormatter())
+    lg = logging.getLogger("sluice.core.loopwatch")
+    lg.addHandler(handler)
+    old_level = lg.level
+    lg.setLevel(logging.WARNING)
+    try:
+        watch = LoopWatch("drainer drainer-spark", threshold=0.3, tick=0.05)
+
+        async def main() -> None:
+            watch.start()
+            await asyncio.sleep(0.1)
+            end = time.thread_time() + 0.8       # the stall: the loop's own thread busy
+            while time.thread_time() < end:
+                pass
+            await asyncio.sleep(0.3)
+            watch.stop()
+        t0 = time.time()
+        asyncio.run(main())
+    finally:
+        lg.removeHandler(handler)
+        lg.setLevel(old_level)
+        handler.close()
+    (tmp_path / "pump-1.log").write_text("2026-11-29T00:00:00.000Z INFO  sluice.pump started\n")
+    got = loop_stalls(tmp_path, t0 - 1, time.time() + 1)
+    assert list(got) == ["drainer-spark"], got
+    (stall,) = got["drainer-spark"]
+    assert 0.6 <= stall["seconds"] <= 1.5 and stall["threads"].startswith("MainThread/"), stall
+    assert loop_stalls(tmp_path, t0 + 3600, t0 + 7200) == {}
+    assert loop_stalls(tmp_path / "absent", t0, t0) == {}
+    assert busiest({}, {}) == "none"
 
 
 @pytest.mark.timeout(60)
