@@ -107,7 +107,7 @@ class LoopWatch:
         return "".join(lines) or "  (none)\n"
 
 
-_TICK_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100   # per second
 
 
 def thread_cpu() -> dict[str, float]:
@@ -129,7 +129,7 @@ def thread_cpu() -> dict[str, float]:
         comm = stat[stat.index(b"(") + 1:comm_end].decode(errors="replace")
         fields = stat[comm_end + 2:].split()
         # fields[11], fields[12]: utime, stime (the 14th and 15th of stat, after pid and comm)
-        cpu = (int(fields[11]) + int(fields[12])) / _TICK_S
+        cpu = (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
         out[f"{py_names.get(int(tid), comm)}/{tid}"] = cpu
     return out
 
