@@ -475,13 +475,13 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
         if a.spark:
             out["half"]["spark_batches"] = spark_batches(Layout(cdir).log(SPARK_DRAINER),
                                                          t_half, time.time())
-        out["half"]["loop_stalls"] = loop_stalls(Layout(cdir).root / "logs", t_half, time.time())
+        logs = Layout(cdir).root / "logs"
+        out["half"]["loop_stalls"] = loop_stalls(logs, t_half, time.time())
 
         if a.profile:
             t_prof = time.time()
             out["profile"] = run_profile(a, bench, rate, probes, sinks, pids, metrics, workdir)
-            out["profile"]["loop_stalls"] = loop_stalls(Layout(cdir).root / "logs", t_prof,
-                                                        time.time())
+            out["profile"]["loop_stalls"] = loop_stalls(logs, t_prof, time.time())
 
         if a.spark and a.steps:
             say("sluice: stopping the Spark drainer (steps go into MariaDB only)")

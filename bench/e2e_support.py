@@ -753,6 +753,7 @@ def stream_lags(samples: dict[str, dict[str, float]]) -> dict[str, float]:
     """Seconds each drainer's view of each pump is behind that pump's own served watermark, from
     one scrape of every process ({"drainer-x<pump-1": s}); a stream that stops being read while
     its pump serves on shows here long before any probe."""
+    from sluice.core.ts import physical_ms
     served = {name: m["sluice_pump_served_watermark"] for name, m in samples.items()
               if name.startswith("pump-") and m.get("sluice_pump_served_watermark")}
     out: dict[str, float] = {}
@@ -762,7 +763,6 @@ def stream_lags(samples: dict[str, dict[str, float]]) -> dict[str, float]:
         for pump, wm in served.items():
             seen = m.get(f'sluice_drainer_pump_watermark{{pump="{pump}"}}')
             if seen:
-                from sluice.core.ts import physical_ms
                 out[f"{name}<{pump}"] = (physical_ms(int(wm)) - physical_ms(int(seen))) / 1000
     return out
 

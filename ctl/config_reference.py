@@ -191,13 +191,18 @@ def reference_markdown() -> str:
     return "\n".join(parts)
 
 
+def generated_region() -> str:
+    """docs/config.md from its BEGIN marker up to (not including) its END marker."""
+    return BEGIN + "\n\n" + reference_markdown() + "\n"
+
+
 def write_docs(path: Path) -> bool:
     """Rewrite the generated region of docs/config.md; True when it changed."""
     text = path.read_text()
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         raise ConfigError(f"{path}: markers {BEGIN!r} ... {END!r} not found")
-    new = text[:start + len(BEGIN)] + "\n\n" + reference_markdown() + "\n" + text[end:]
+    new = text[:start] + generated_region() + text[end:]
     if new != text:
         path.write_text(new)
     return new != text
