@@ -41,6 +41,23 @@ CHANNEL_OPTIONS = [
 ]
 
 
+# grpc's blocking waits (the next message of a sync stream: every etcd watch and lease keepalive
+# stream of pyetcd) wake every `grpc._common.MAXIMUM_WAIT_TIMEOUT` (0.1 s) only so that a main
+# thread blocked there sees Ctrl-C: ten wakeups a second per waiting thread in every process,
+# measured as a tenth of an idle cluster's CPU. Once a second keeps Ctrl-C prompt.
+BLOCKING_WAIT_WAKEUP_S = 1.0
+
+
+def calm_blocking_waits(period: float = BLOCKING_WAIT_WAKEUP_S) -> None:
+    """Make grpc's blocking waits wake every `period` s (called once by `sluice`'s main)."""
+    from grpc import _common   # private: checked below, and by tests/integration/test_grpc_waits.py
+    if not isinstance(getattr(_common, "MAXIMUM_WAIT_TIMEOUT", None), (int, float)):
+        log.warning("grpc %s has no _common.MAXIMUM_WAIT_TIMEOUT: its blocking waits keep their "
+                    "own wakeup period", grpc.__version__)
+        return
+    _common.MAXIMUM_WAIT_TIMEOUT = period
+
+
 class _Undecodable:
     """What the guarded deserializer returns for bytes that are not a valid request message;
     the guarded behavior turns it into INVALID_ARGUMENT before the servicer sees anything."""

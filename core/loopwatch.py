@@ -29,7 +29,7 @@ T = TypeVar("T")
 class LoopWatch:
     """Start with `start()` on the running loop; `stop()` ends the watcher thread."""
 
-    def __init__(self, name: str, *, threshold: float = 2.0, tick: float = 0.25,
+    def __init__(self, name: str, *, threshold: float = 2.0, tick: float = 0.5,
                  on_stall: Callable[[float], None] | None = None) -> None:
         self.name = name
         self.threshold = threshold

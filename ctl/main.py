@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(top.args)
     args.command = top.command
     run: Callable[[argparse.Namespace], int] = mod.run
+    from sluice.core.grpcutil import calm_blocking_waits
+    calm_blocking_waits()
     try:
         return int(run(args) or 0)
     except ConfigError as e:

@@ -45,7 +45,9 @@ async def fake_binlog_loop(cfg: "PumpConfig", tso: "TSOClient", storage: "Storag
         interval = cfg.pull_heartbeat_interval if pulled() else cfg.heartbeat_interval
         wait = last + interval - time.monotonic()
         if wait > 0:
-            await asyncio.sleep(min(wait, 0.2))
+            # Not past half the pulled interval: a drainer that starts pulling gets its first
+            # fake soon, without five wakeups a second meanwhile.
+            await asyncio.sleep(min(wait, cfg.pull_heartbeat_interval / 2))
             continue
         last = time.monotonic()
         if starting():
