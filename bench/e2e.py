@@ -412,7 +412,9 @@ def run_sluice(a: argparse.Namespace, native_tps: float, workdir: Path,
         cdir = workdir / f"cluster-{attempt}"
         say(f"sluice: sluice cluster up --dir {cdir} (spark: {a.spark})")
         stack.callback(cluster_down, cdir)
-        up = cluster_cli("up", "--dir", str(cdir), "--config", str(conf), timeout=2400)
+        overrides = [arg for kv in a.set for arg in ("--set", kv)]
+        up = cluster_cli("up", "--dir", str(cdir), "--config", str(conf), *overrides,
+                         timeout=2400)
         if up.returncode == 0:
             break
         # `up` stopped what it started; sweep_orphans catches what it missed (`running()` in
@@ -646,6 +648,8 @@ def report(a: argparse.Namespace, native: dict[str, Any], sluice: dict[str, Any]
           f"{a.threads} threads), probes every {a.probe_interval * 1000:.0f} ms")
     print(f"machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
           f"started {started} UTC; {uptime()} at the end")
+    if a.set:
+        print(f"Sluice's cluster with: {', '.join(a.set)}")
     print("baseline: MariaDB 10.11 native GTID replication (source -> replica, one SQL thread)\n")
     half = sluice.get("half") if sluice else None
     print("CPU per source transaction (each process's utime+stime from /proc/<pid>/stat, its "
@@ -816,6 +820,9 @@ def main() -> int:
                     help="the Spark drainer's current-state (docs/spark.md)")
     ap.add_argument("--native-only", action="store_true")
     ap.add_argument("--keep-dir", action="store_true")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a cluster key for Sluice's `sluice cluster up --set` (repeatable), e.g. "
+                         "capture.config.group-min-interval-ms=400")
     ap.add_argument("--json-out", help="also write the JSON summary to this file")
     a = ap.parse_args()
     if a.quick:

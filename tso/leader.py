@@ -57,6 +57,10 @@ def parse_window(raw: bytes | None) -> tuple[int, int]:
     return int(d["physical_ms"]), int(d.get("epoch", 0))
 
 
+# The longest the leader's election thread sleeps between its duties.
+LEADER_MAX_SLEEP_S = 0.5
+
+
 class Leadership:
     """Campaigns for, holds and gives up the TSO leadership of one cluster."""
 
@@ -171,7 +175,7 @@ class Leadership:
                     if self.term is not term:
                         continue
                 self._maybe_extend(term)
-                self._stop.wait(self._leader_sleep(term, last_keepalive + keepalive_every, poll))
+                self._stop.wait(self._leader_sleep(term, last_keepalive + keepalive_every))
                 continue
             except EtcdUnavailable as e:
                 self._leader_watch.again()
@@ -182,14 +186,17 @@ class Leadership:
             self._stop.wait(min(poll, 0.1))
         self._leader_watch.cancel()
 
-    def _leader_sleep(self, term: Term, keepalive_due: float, poll: float) -> float:
+    def _leader_sleep(self, term: Term, keepalive_due: float) -> float:
         """Until the leader's next duty: a keepalive, the lease's safe end, or the window
         extension (due when the window reaches less than window-ms/2 past the clock); at most
-        `poll`, since allocations may run ahead of the clock. Waking every 0.1 s instead was
-        most of an idle TSO's CPU."""
+        LEADER_MAX_SLEEP_S, since allocations may run ahead of the clock (the serving path then
+        extends the window itself) — a few wakeups a second instead of ten at idle."""
         now = self.clock()
-        extend_in = (self.allocator.window - self.window_ms // 2 - time.time() * 1000) / 1000
-        return max(0.005, min(poll, keepalive_due - now, term.alive_until - now, extend_in))
+        # _maybe_extend extends once the clock's ms passes window - window-ms/2
+        extend_in = (self.allocator.window - self.window_ms // 2 + 1 - time.time() * 1000) / 1000
+        # + 1 ms: a timed wait may end a hair early, and the duty would then wait another turn
+        due = min(keepalive_due - now, term.alive_until - now, extend_in) + 0.001
+        return min(LEADER_MAX_SLEEP_S, max(0.005, due))
 
     def _etcd_ok(self) -> None:
         if self.etcd_error is not None:

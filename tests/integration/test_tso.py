@@ -23,6 +23,7 @@ from sluice.core.etcd import Etcd
 from sluice.core.tso_client import MAX_TS_BATCH, LeaderInfo, SyncTSOClient, TSOClient, read_leader
 from sluice.proto import sluice_pb2 as pb, sluice_pb2_grpc as pbg
 from sluice.tso.allocator import Allocator, WindowExhausted
+from sluice.tso.leader import LEADER_MAX_SLEEP_S, Leadership
 from tests.support.procs import Proc, free_port, sluice_argv, wait_until
 
 CLUSTER = 1
@@ -123,6 +124,39 @@ def test_allocator_never_hands_out_above_the_window() -> None:
 
 
 # -- the service ----------------------------------------------------------------------------
+
+def test_an_idle_leader_wakes_for_its_duties_only_and_keeps_the_window_ahead(etcd_module) -> None:
+    """The election thread sleeps until its next duty (a keepalive, the lease's safe end, the
+    window extension), at most LEADER_MAX_SLEEP_S: an idle leader wakes a few times a second,
+    not ten, and its persisted window stays well ahead of the clock, so allocations never wait
+    for etcd."""
+    etcd = Etcd(etcd_module.endpoint, timeout=2)
+    allocator = Allocator()
+    lead = Leadership(etcd, 9301, "sleepy", "127.0.0.1:1", allocator, lease_ttl=3,
+                      window_ms=1000)
+    sleeps: list[float] = []
+    wait = lead._stop.wait
+    lead._stop.wait = lambda timeout=None: (sleeps.append(timeout), wait(timeout))[1]  # type: ignore[method-assign]
+    lead.start()
+    try:
+        wait_until(lambda: lead.term is not None, 10, what="the leadership")
+        term = lead.term
+        time.sleep(0.5)
+        sleeps.clear()
+        least_ahead = 10_000.0
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            least_ahead = min(least_ahead, allocator.window - time.time() * 1000)
+            time.sleep(0.01)
+        assert lead.term is term
+        # keepalives every 1 s, extensions every 0.5 s (window-ms/2): ~3 wakeups a second
+        assert len(sleeps) <= 10, f"{len(sleeps)} wakeups in 3 s: {sleeps}"
+        assert all(0 < t <= LEADER_MAX_SLEEP_S for t in sleeps), sleeps
+        assert least_ahead >= 250, f"the window came within {least_ahead:.0f} ms of the clock"
+    finally:
+        lead.stop()
+        etcd.close()
+
 
 def test_four_threads_get_unique_strictly_increasing_ts(etcd_module, tmp_path, nodes) -> None:
     """4 threads x 50k timestamps: all unique, and strictly increasing within each thread."""
