@@ -43,8 +43,9 @@ CHANNEL_OPTIONS = [
 
 # grpc's blocking waits (the next message of a sync stream: every etcd watch and lease keepalive
 # stream of pyetcd) wake every `grpc._common.MAXIMUM_WAIT_TIMEOUT` (0.1 s) only so that a main
-# thread blocked there sees Ctrl-C: ten wakeups a second per waiting thread in every process,
-# measured as a tenth of an idle cluster's CPU. Once a second keeps Ctrl-C prompt.
+# thread blocked there sees Ctrl-C: ten wakeups a second per waiting thread in every process, a
+# good part of an idle process's CPU (docs/benchmarks.md, round 30). Once a second keeps Ctrl-C
+# prompt.
 BLOCKING_WAIT_WAKEUP_S = 1.0
 
 

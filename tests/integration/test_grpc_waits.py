@@ -1,6 +1,6 @@
 """A thread blocked on a gRPC stream (every etcd watch and lease keepalive of pyetcd) wakes once a
-second in a Sluice process, not ten times: grpc's own period (0.1 s) was a tenth of an idle
-cluster's CPU (core/grpcutil.py calm_blocking_waits, applied by `sluice`'s main)."""
+second in a Sluice process, not ten times as with grpc's own period (0.1 s), a good part of an
+idle process's CPU (core/grpcutil.py calm_blocking_waits, applied by `sluice`'s main)."""
 import json
 import subprocess
 import sys
