@@ -192,8 +192,9 @@ class Leadership:
         LEADER_MAX_SLEEP_S, since allocations may run ahead of the clock (the serving path then
         extends the window itself) — a few wakeups a second instead of ten at idle."""
         now = self.clock()
-        # _maybe_extend extends once the clock's ms passes window - window-ms/2
-        extend_in = (self.allocator.window - self.window_ms // 2 + 1 - time.time() * 1000) / 1000
+        # _maybe_extend extends once the window is below what the clock's ms needs
+        needed = self._extension_needed(int(time.time() * 1000))
+        extend_in = (self.allocator.window + 1 - needed) / 1000
         # + 1 ms: a timed wait may end a hair early, and the duty would then wait another turn
         due = min(keepalive_due - now, term.alive_until - now, extend_in) + 0.001
         return min(LEADER_MAX_SLEEP_S, max(0.005, due))
@@ -273,8 +274,13 @@ class Leadership:
     def _maybe_extend(self, term: Term) -> None:
         now_ms = int(time.time() * 1000)
         high = self.allocator.high_physical(now_ms)
-        # Extend well before the window runs out, so allocation never waits for etcd.
-        self._extend(term, high + self.window_ms // 2)
+        self._extend(term, self._extension_needed(high))
+
+    def _extension_needed(self, physical_ms: int) -> int:
+        """The window to have persisted once allocations reach `physical_ms`: half a window
+        ahead, well before it runs out, so allocation never waits for etcd (and `_leader_sleep`
+        wakes when the clock reaches that)."""
+        return physical_ms + self.window_ms // 2
 
     def _extend(self, term: Term, needed: int) -> None:
         """Persist a window >= needed (aiming window-ms past it), conditioned on our leader key."""
