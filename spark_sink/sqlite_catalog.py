@@ -15,7 +15,9 @@ back unchanged; pyiceberg's SqlCatalog reads the same tables.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
+import time
 
 from sluice.core.errors import ConfigError
 
@@ -38,6 +40,29 @@ def prepare(path: str) -> None:
     Safe to call from several processes at once: SQLite serializes the write transactions and
     every statement is conditional on what the transaction itself reads."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    while True:
+        try:
+            _prepare_once(path)
+            return
+        except sqlite3.OperationalError as e:
+            # SQLite skips the busy handler where waiting could deadlock: two connections that
+            # both read a fresh rollback-journal file and both want the exclusive lock to switch
+            # it to WAL; one gets "database is locked" at once. Starting over from a fresh
+            # connection is safe (every step is conditional) and the other one finishes first.
+            if not _is_busy(e) or time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"spark: cannot prepare the catalog file {path}: {e}") from None
+            time.sleep(random.uniform(0.005, 0.05))
+        except sqlite3.Error as e:
+            raise ConfigError(f"spark: cannot prepare the catalog file {path}: {e}") from None
+
+
+def _is_busy(e: sqlite3.OperationalError) -> bool:
+    return e.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _prepare_once(path: str) -> None:
     try:
         db = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
     except sqlite3.Error as e:
@@ -53,7 +78,5 @@ def prepare(path: str) -> None:
         if "iceberg_type" not in cols:
             db.execute(_V1_COLUMN)
         db.execute("COMMIT")
-    except sqlite3.Error as e:
-        raise ConfigError(f"spark: cannot prepare the catalog file {path}: {e}") from None
     finally:
         db.close()
