@@ -21,8 +21,8 @@ class PumpConfig:
     data_dir: str = "data.pump"
     etcd: str = "127.0.0.1:2379"
     tso: list[str] = field(default_factory=list)   # TSO addresses; empty: leader from etcd
-    heartbeat_interval: float = 3.0      # fake binlog every this many seconds
-    pull_heartbeat_interval: float = 1.0  # ... and at least this often while a drainer pulls
+    heartbeat_interval: float = 3.0      # fake binlog when nothing moved the watermark for this long
+    pull_heartbeat_interval: float = 1.0  # ... this long while a drainer pulls
     alive_ttl: int = 5                   # lease TTL of the alive key, seconds
     txn_timeout: float = 15.0            # ask the producer about a prewrite older than this
     gc_retention: float = 7 * 86400.0    # seconds of binlogs kept beyond drainer checkpoints

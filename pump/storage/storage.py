@@ -17,6 +17,7 @@ from typing import Any
 import plyvel
 
 from sluice.core.errors import FailedPrecondition, InvalidArgument, OutOfRange
+from sluice.core.ts import physical_ms
 from sluice.proto import sluice_pb2 as pb
 
 from . import gc as gcmod
@@ -77,6 +78,17 @@ class Storage:
         last `max_age_s` seconds, or None."""
         ts, at = self._stager.fetched
         return ts if ts and time.monotonic() - at <= max_age_s else None
+
+    def served_age_s(self, max_age_s: float) -> float | None:
+        """How far the served watermark trails the TSO's clock now, in seconds, measured from a
+        timestamp a write's TSO check fetched within the last `max_age_s` seconds; None without
+        one (an idle pump) or when the watermark is past it (a heartbeat's own fake)."""
+        ts, at = self._stager.fetched
+        elapsed = time.monotonic() - at
+        served = self._state.served
+        if not ts or elapsed > max_age_s or served > ts:
+            return None
+        return (physical_ms(ts) - physical_ms(served)) / 1000.0 + elapsed
 
     # The handles tests and tools look at directly.
     @property
