@@ -162,13 +162,30 @@ impl KeyBuilder {
 
     /// The keys of one row image, in index order (a DELETE's).
     fn keys<'py>(&self, py: Python<'py>, values: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
+        self.keys_of(py, values)
+    }
+
+    /// The keys of an inserted (or snapshot-read) image, each once.
+    fn insert_keys<'py>(&self, py: Python<'py>, values: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
+        self.insert_keys_of(py, values)
+    }
+
+    /// An update's keys: the before image's, then those of the after image not among them.
+    fn update_keys<'py>(&self, py: Python<'py>, before: &Bound<'py, PyTuple>,
+                        after: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
+        self.update_keys_of(py, before, after)
+    }
+}
+
+// The same three for the drainer's row changes built natively (prewrite.rs `changes`).
+impl KeyBuilder {
+    pub(crate) fn keys_of<'py>(&self, py: Python<'py>, values: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
         let mut out = Vec::with_capacity(self.specs.len().max(2));
         self.row_keys(values, &mut out)?;
         to_tuple(py, &out)
     }
 
-    /// The keys of an inserted (or snapshot-read) image, each once.
-    fn insert_keys<'py>(&self, py: Python<'py>, values: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
+    pub(crate) fn insert_keys_of<'py>(&self, py: Python<'py>, values: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
         let mut all = Vec::with_capacity(self.specs.len().max(2));
         self.row_keys(values, &mut all)?;
         let mut out = Vec::with_capacity(all.len());
@@ -178,9 +195,8 @@ impl KeyBuilder {
         to_tuple(py, &out)
     }
 
-    /// An update's keys: the before image's, then those of the after image not among them.
-    fn update_keys<'py>(&self, py: Python<'py>, before: &Bound<'py, PyTuple>,
-                        after: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
+    pub(crate) fn update_keys_of<'py>(&self, py: Python<'py>, before: &Bound<'py, PyTuple>,
+                                      after: &Bound<'py, PyTuple>) -> PyResult<Bound<'py, PyTuple>> {
         let mut out = Vec::with_capacity(2 * self.specs.len().max(2));
         self.row_keys(before, &mut out)?;
         let mut more = Vec::with_capacity(self.specs.len().max(2));

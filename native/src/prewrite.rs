@@ -17,6 +17,11 @@
 //!   `payload[start:end]`: `tp` the MutationType number, `before` (UPDATE, DELETE) and `after`
 //!   (INSERT, UPDATE, READ) tuples of visible values, else None. A row of `total` values drops
 //!   the hidden ones; one of as many values as visible columns is taken as is.
+//!   `changes(payload, start, end, keys, row_change, shape, commit_ts, insert_kind)`: the same
+//!   walk, each change made here into `row_change(kind, shape, commit_ts, before, after,
+//!   causality keys)` (the translator's RowChange; `keys` the shape's KeyBuilder, causality.rs):
+//!   "update" and "delete" as such, INSERT as `insert_kind`, READ as "upsert". No Python runs
+//!   per row but the RowChange constructor and the values' own.
 //!
 //! Values (exactly drainer/translator.py's former `decode_row`, kept in tests/support/
 //! pytranslate.py as the differential oracle): NULL or an empty Datum -> None, int / uint ->
@@ -36,8 +41,10 @@
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
 use pyo3::prelude::*;
+use pyo3::intern;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
+use crate::causality::KeyBuilder;
 use crate::wire::{Rd, WireResult};
 use crate::DecodeError;
 
@@ -46,6 +53,10 @@ create_exception!(sluice_native, DecimalTextError, PyValueError, "A decimal Datu
 
 const MODE_BIT: u8 = 1;
 const MODE_DATE: u8 = 2;
+// MutationType (proto/sluice.proto); READ (4, a snapshot row) is taken like an INSERT.
+const TP_INSERT: i32 = 1;
+const TP_UPDATE: i32 = 2;
+const TP_DELETE: i32 = 3;
 
 // ------------------------------------------------------------------------------------------------
 // wire reading
@@ -645,18 +656,60 @@ impl MutationDecoder {
 
     /// See the module doc.
     fn decode<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyBytes>, start: usize, end: usize) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        self.each_change(py, payload, start, end, |tp, before, after| out.append((tp, before, after)))?;
+        Ok(out)
+    }
+
+    /// See the module doc: `decode` with each change made into a `row_change(kind, shape,
+    /// commit_ts, before, after, keys)` here.
+    #[allow(clippy::too_many_arguments)]
+    fn changes<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyBytes>, start: usize, end: usize,
+                    keys: PyRef<'py, KeyBuilder>, row_change: &Bound<'py, PyAny>, shape: &Bound<'py, PyAny>,
+                    commit_ts: &Bound<'py, PyAny>, insert_kind: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        let none = py.None().into_bound(py);
+        self.each_change(py, payload, start, end, |tp, before, after| {
+            let change = match tp {
+                TP_UPDATE => {
+                    let k = keys.update_keys_of(py, before.cast::<PyTuple>()?, after.cast::<PyTuple>()?)?;
+                    row_change.call1((intern!(py, "update"), shape, commit_ts, before, after, k))?
+                }
+                TP_DELETE => {
+                    let k = keys.keys_of(py, before.cast::<PyTuple>()?)?;
+                    row_change.call1((intern!(py, "delete"), shape, commit_ts, before, &none, k))?
+                }
+                _ => {
+                    let k = keys.insert_keys_of(py, after.cast::<PyTuple>()?)?;
+                    let kind = if tp == TP_INSERT { insert_kind } else { intern!(py, "upsert") };
+                    row_change.call1((kind, shape, commit_ts, before, after, k))?
+                }
+            };
+            out.append(change)
+        })?;
+        Ok(out)
+    }
+}
+
+impl MutationDecoder {
+    /// `f(tp, before, after)` for every row change of the mutation body at payload[start:end],
+    /// in order; the images are tuples of visible values, or None where the type has none.
+    fn each_change<'py, F>(&self, py: Python<'py>, payload: &Bound<'py, PyBytes>, start: usize, end: usize,
+                           mut f: F) -> PyResult<()>
+    where
+        F: FnMut(i32, Bound<'py, PyAny>, Bound<'py, PyAny>) -> PyResult<()>,
+    {
         let b = payload.as_bytes();
         if start > end || end > b.len() {
             return Err(PyValueError::new_err(format!("mutation [{start}, {end}) outside a payload of {} bytes", b.len())));
         }
-        let out = PyList::empty(py);
         let mut datums = Vec::new();
         let mut r = Rd::new(b, start, end);
         let mut index = 0usize;
         while r.more() {
-            let (f, w) = r.tag().map_err(|e| wire_err("table mutation", e))?;
-            if (f, w) != (5, 2) {
-                r.skip(w, f).map_err(|e| wire_err("table mutation", e))?;
+            let (fi, w) = r.tag().map_err(|e| wire_err("table mutation", e))?;
+            if (fi, w) != (5, 2) {
+                r.skip(w, fi).map_err(|e| wire_err("table mutation", e))?;
                 continue;
             }
             let (s, e) = r.span().map_err(|e| wire_err("table mutation", e))?;
@@ -665,19 +718,19 @@ impl MutationDecoder {
                 return Err(DecodeError::new_err(format!(
                     "row change #{index} of type {} lacks its {} image", ch.tp, image.unwrap_or("known type's"))));
             }
-            let before = if ch.tp == 2 || ch.tp == 3 {
+            let before = if ch.tp == TP_UPDATE || ch.tp == TP_DELETE {
                 self.row(py, b, &ch.before, &mut datums)?.into_any()
             } else {
                 py.None().into_bound(py)
             };
-            let after = if ch.tp != 3 {
+            let after = if ch.tp != TP_DELETE {
                 self.row(py, b, &ch.after, &mut datums)?.into_any()
             } else {
                 py.None().into_bound(py)
             };
-            out.append((ch.tp, before, after))?;
+            f(ch.tp, before, after)?;
             index += 1;
         }
-        Ok(out)
+        Ok(())
     }
 }

@@ -156,8 +156,8 @@ class PyKeysTranslator(Translator):
     `row_keys`): the baseline of bench/drainer_apply.py's keys step."""
 
     def translate(self, txn: Txn, schema: SchemaLookup) -> list[RowChange]:
-        from sluice.drainer.translator import (DELETE, INSERT, UPDATE, UPSERT, _DELETE, _INSERT,
-                                               _UPDATE, decode_mutation)
+        from sluice.drainer.translator import DELETE, INSERT, UPDATE, UPSERT, decode_mutation
+        _INSERT, _UPDATE, _DELETE = pb.INSERT, pb.UPDATE, pb.DELETE
         commit_ts = txn.commit_ts
         snapshot_chunk, mutations = txn.mutations(schema)
         out: list[RowChange] = []

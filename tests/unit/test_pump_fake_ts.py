@@ -15,6 +15,7 @@ import pytest
 from sluice.core.ts import compose, physical_ms
 from sluice.proto import sluice_pb2 as pb
 from sluice.pump import loops
+from sluice.pump.storage.options import StorageConfig
 from sluice.pump.storage.storage import Storage
 
 SECOND = compose(1000)
@@ -119,14 +120,15 @@ def test_a_heartbeat_reuses_a_recent_check_and_an_idle_one_fetches(tmp_path: Pat
         st.close()
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_commits_that_keep_the_watermark_fresh_leave_no_fake_to_write(tmp_path: Path) -> None:
-    """A transaction every 50 ms for 1.5 s with the pulled interval at 0.3 s: no fake binlog is
-    written (six before: one per interval); once the commits stop, the heartbeat writes
-    fakes again, the first within the interval plus a check. Throughout, the served watermark
-    trails the clock by less than the interval plus 0.2 s."""
-    interval = 0.3
-    st = Storage.open(tmp_path / "p")
+    """A transaction every 50 ms for 3 s with the pulled interval at 1 s: no fake binlog is
+    written (before: one per interval, three or four); once the commits stop, the heartbeat
+    writes fakes again, the first within the interval plus a check. Throughout, the served
+    watermark trails the clock by less than the interval plus 0.5 s (slack for a loaded
+    machine; the writes skip fsync, which this does not test)."""
+    interval = 1.0
+    st = Storage.open(tmp_path / "p", StorageConfig(sync=False, stop_write_at_available_space=0))
     tso = ClockTSO()
     st.tso = tso   # type: ignore[assignment]
     cfg = SimpleNamespace(pull_heartbeat_interval=interval, heartbeat_interval=interval)
@@ -148,14 +150,14 @@ def test_commits_that_keep_the_watermark_fresh_leave_no_fake_to_write(tmp_path: 
             cfg, tso, st, starting=lambda: False, pulled=lambda: True))  # type: ignore[arg-type]
         watcher = asyncio.create_task(watch())
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 1.5:
+        while time.monotonic() - t0 < 3.0:
             # A producer's timestamps come from the TSO: the stager checks each against a
             # fresh one (the check the heartbeat measures the watermark's age from).
             start_ts = await tso.get_ts()
             await st.write(list(_txn(start_ts, await tso.get_ts())))
             await asyncio.sleep(0.05)
         stopped = time.monotonic()
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(2.0)
         await _stop(heartbeat)
         await _stop(watcher)
         return written, stopped, worst
@@ -166,7 +168,7 @@ def test_commits_that_keep_the_watermark_fresh_leave_no_fake_to_write(tmp_path: 
         after = [t for t, _ in written if t >= stopped]
         assert during == [], f"{len(during)} fakes while commits kept the watermark fresh"
         assert after, "no fake after the commits stopped"
-        assert after[0] - stopped < interval + 0.2, after[0] - stopped
-        assert worst < interval + 0.2, worst
+        assert after[0] - stopped < interval + 0.5, after[0] - stopped
+        assert worst < interval + 0.5, worst
     finally:
         st.close()
