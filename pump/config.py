@@ -21,7 +21,7 @@ class PumpConfig:
     data_dir: str = "data.pump"
     etcd: str = "127.0.0.1:2379"
     tso: list[str] = field(default_factory=list)   # TSO addresses; empty: leader from etcd
-    heartbeat_interval: float = 3.0      # fake binlog when nothing moved the watermark for this long
+    heartbeat_interval: float = 3.0      # fake binlog when no commit moved the watermark for this long (s)
     pull_heartbeat_interval: float = 1.0  # ... this long while a drainer pulls
     alive_ttl: int = 5                   # lease TTL of the alive key, seconds
     txn_timeout: float = 15.0            # ask the producer about a prewrite older than this
