@@ -45,7 +45,7 @@ def prepare(path: str) -> None:
         try:
             _prepare_once(path)
             return
-        except sqlite3.OperationalError as e:
+        except sqlite3.Error as e:
             # SQLite skips the busy handler where waiting could deadlock: two connections that
             # both read a fresh rollback-journal file and both want the exclusive lock to switch
             # it to WAL; one gets "database is locked" at once. Starting over from a fresh
@@ -54,12 +54,10 @@ def prepare(path: str) -> None:
                 raise ConfigError(
                     f"spark: cannot prepare the catalog file {path}: {e}") from None
             time.sleep(random.uniform(0.005, 0.05))
-        except sqlite3.Error as e:
-            raise ConfigError(f"spark: cannot prepare the catalog file {path}: {e}") from None
 
 
-def _is_busy(e: sqlite3.OperationalError) -> bool:
-    return e.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+def _is_busy(e: sqlite3.Error) -> bool:
+    return (e.sqlite_errorcode or 0) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def _prepare_once(path: str) -> None:

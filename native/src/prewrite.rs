@@ -668,24 +668,15 @@ impl MutationDecoder {
                     keys: PyRef<'py, KeyBuilder>, row_change: &Bound<'py, PyAny>, shape: &Bound<'py, PyAny>,
                     commit_ts: &Bound<'py, PyAny>, insert_kind: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
-        let none = py.None().into_bound(py);
         self.each_change(py, payload, start, end, |tp, before, after| {
-            let change = match tp {
-                TP_UPDATE => {
-                    let k = keys.update_keys_of(py, before.cast::<PyTuple>()?, after.cast::<PyTuple>()?)?;
-                    row_change.call1((intern!(py, "update"), shape, commit_ts, before, after, k))?
-                }
-                TP_DELETE => {
-                    let k = keys.keys_of(py, before.cast::<PyTuple>()?)?;
-                    row_change.call1((intern!(py, "delete"), shape, commit_ts, before, &none, k))?
-                }
-                _ => {
-                    let k = keys.insert_keys_of(py, after.cast::<PyTuple>()?)?;
-                    let kind = if tp == TP_INSERT { insert_kind } else { intern!(py, "upsert") };
-                    row_change.call1((kind, shape, commit_ts, before, after, k))?
-                }
+            let (kind, k) = match tp {
+                TP_UPDATE => (intern!(py, "update"),
+                              keys.update_keys_of(py, before.cast::<PyTuple>()?, after.cast::<PyTuple>()?)?),
+                TP_DELETE => (intern!(py, "delete"), keys.keys_of(py, before.cast::<PyTuple>()?)?),
+                _ => (if tp == TP_INSERT { insert_kind } else { intern!(py, "upsert") },
+                      keys.insert_keys_of(py, after.cast::<PyTuple>()?)?),
             };
-            out.append(change)
+            out.append(row_change.call1((kind, shape, commit_ts, before, after, k))?)
         })?;
         Ok(out)
     }

@@ -76,19 +76,25 @@ class Storage:
     def recent_tso_ts(self, max_age_s: float) -> int | None:
         """A timestamp the TSO issued to this pump (a write's TSO check fetched it) within the
         last `max_age_s` seconds, or None."""
-        ts, at = self._stager.fetched
-        return ts if ts and time.monotonic() - at <= max_age_s else None
+        recent = self._recent_fetch(max_age_s)
+        return None if recent is None else recent[0]
 
     def served_age_s(self, max_age_s: float) -> float | None:
         """How far the served watermark trails the TSO's clock now, in seconds, measured from a
         timestamp a write's TSO check fetched within the last `max_age_s` seconds; None without
         one (an idle pump) or when the watermark is past it (a heartbeat's own fake)."""
+        recent = self._recent_fetch(max_age_s)
+        served = self._state.served
+        if recent is None or served > recent[0]:
+            return None
+        ts, elapsed = recent
+        return (physical_ms(ts) - physical_ms(served)) / 1000.0 + elapsed
+
+    def _recent_fetch(self, max_age_s: float) -> tuple[int, float] | None:
+        """(ts, seconds since) of the write check's last TSO fetch, if within `max_age_s`."""
         ts, at = self._stager.fetched
         elapsed = time.monotonic() - at
-        served = self._state.served
-        if not ts or elapsed > max_age_s or served > ts:
-            return None
-        return (physical_ms(ts) - physical_ms(served)) / 1000.0 + elapsed
+        return (ts, elapsed) if ts and elapsed <= max_age_s else None
 
     # The handles tests and tools look at directly.
     @property
