@@ -11,6 +11,8 @@ mysql-replication is closed", "Source connection").
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -157,6 +159,15 @@ class StrictBinLogStreamReader(FixedBinLogStreamReader):
         for attr in ("_BinLogStreamReader__allowed_events_in_packet",
                      "_BinLogStreamReader__allowed_events"):
             setattr(self, attr, frozenset(getattr(self, attr)) | set(_IMAGES))
+
+    def wake(self) -> None:
+        """From another thread: end a read waiting on the dump connection. Shutting the socket
+        down wakes a poll or recv on it (the read then fails as a lost connection); closing it
+        would not, and would free its number for reuse while the read still polls it."""
+        sock = getattr(getattr(self, "_stream_connection", None), "_sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _BinLogStreamReader__connect_to_stream(self) -> None:  # noqa: N802 - overrides the private
         # The library silently reconnects after a lost connection (2013/2006) with its *original*

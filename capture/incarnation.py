@@ -62,6 +62,7 @@ class Capture(Streaming):
                                        port=int(port or 0), security=config.security)
         self.tracker = self._tracker()
         self._reader: BinlogReader | None = None
+        self._reader_thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._stopping = False
         self._queue: Handoff | None = None
@@ -153,8 +154,7 @@ class Capture(Streaming):
         finally:
             self._stop.set()
             lag_task.cancel()
-            if self._reader is not None:
-                self._reader.close()
+            await self._stop_reader()
             await self.producer.stop()
             await self.writer.close()
             await self.pumps.close()

@@ -101,5 +101,10 @@ class BinlogReader:
         ts = self.assembler.last_event_ts
         return max(0.0, time.time() - ts) if ts else 0.0
 
+    def wake(self) -> None:
+        """From another thread: make a `transactions()` waiting for the source return soon
+        (SourceDisconnected), so its thread can be joined before `close`."""
+        self._stream.wake()
+
     def close(self) -> None:
         self._stream.close()

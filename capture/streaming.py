@@ -34,6 +34,7 @@ RECONNECT_BACKOFF_S = (0.2, 5.0)     # first and longest wait between reconnect 
 TICK_S = 0.1            # snapshot emission ticker (read-only chunks while the source idles)
 SIGNAL_POLL_S = 0.25    # etcd signal channel: ticks (committed signals deleted); read when changed
 PUBLISH_S = 0.5         # snapshot progress to etcd
+READER_JOIN_S = 10.0    # how long a stop waits for the binlog reader's thread
 
 
 class _Disconnected:
@@ -134,7 +135,27 @@ class Streaming:
                 if not self._stop.is_set():
                     put(e)
 
-        threading.Thread(target=reader_thread, name="binlog-reader", daemon=True).start()
+        t = self._reader_thread = threading.Thread(target=reader_thread, name="binlog-reader",
+                                                   daemon=True)
+        t.start()
+
+    async def _stop_reader(self) -> None:
+        """Join the binlog reader's thread, then close its connection. The thread may wait in
+        the native socket read, which runs without the GIL: left running, a read that returns
+        while the interpreter finalizes crashes the process on its way back into Python (exit
+        -6 or -11 after "capture stopped"). `wake` shuts the socket down until the thread is
+        gone (it may still be connecting); `self._stop` is set, so it exits without a put."""
+        reader, thread = self._reader, self._reader_thread
+        if reader is None:
+            return
+        deadline = time.monotonic() + READER_JOIN_S
+        while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+            reader.wake()
+            await asyncio.to_thread(thread.join, 0.2)
+        if thread is not None and thread.is_alive():
+            log.warning("binlog reader thread still running %.0f s after the stop; closing its "
+                        "connection anyway", READER_JOIN_S)
+        reader.close()
 
     def _start_snapshot(self, queue: Handoff) -> None:
         """The snapshot thread, the emission ticker and the etcd signal poller; a failure of
@@ -374,8 +395,7 @@ class Streaming:
         self.metrics.set_state("reconnecting", error=str(lost.error)[:300],
                                after=lost.resume or "(first binlog)")
         self.metrics.reconnects.inc()
-        if self._reader is not None:
-            self._reader.close()
+        await self._stop_reader()
         await asyncio.sleep(backoff)
         if not self._stopping:
             self._start_reader(lost.resume, queue)

@@ -423,3 +423,51 @@ def test_native_event_framing_matches_the_library(mariadb_module: MariaDBServer)
             (pb.DELETE, 301)} == set(rows)
     assert sum(e[0] == "xid" for e in native) == len(ROWS) + 5
     assert native == library
+
+
+@pytest.mark.timeout(60)
+def test_wake_ends_a_read_waiting_on_an_idle_source(mariadb_module: MariaDBServer) -> None:
+    """Invariant (clean stop): a reader's thread waiting on an idle source in the native socket
+    read (no GIL held, the read timeout 51 s) returns within a second of `wake()`, as a lost
+    connection, so a stopping capture joins it before closing the connection. A native read left
+    waiting while the interpreter finalizes crashed the capture on its way back (exit -6/-11)."""
+    import threading
+    import time
+
+    from sluice.capture.reader import SourceDisconnected
+
+    db = mariadb_module
+    db.execute("CREATE DATABASE IF NOT EXISTS wake")
+    db.execute("CREATE TABLE IF NOT EXISTS wake.t (id INT PRIMARY KEY)")
+    start = gtid_pos(db)
+    db.execute("INSERT INTO wake.t VALUES (1)")
+    reader = BinlogReader({"host": "127.0.0.1", "port": db.port, "user": db.user,
+                           "password": db.password}, replica_server_id=4245,
+                          tracker=SchemaTracker(SOURCE, TableFilter()), gtid_state=start,
+                          heartbeat_s=5.0)
+    got: list[object] = []
+
+    def run() -> None:
+        try:
+            got.extend(reader.transactions())
+        except BaseException as e:  # noqa: BLE001 - the test asserts what ended the read
+            got.append(e)
+    t = threading.Thread(target=run, name="wake-test-reader", daemon=True)
+    try:
+        t.start()
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got and isinstance(got[0], SourceTxn), f"the insert was not read: {got}"
+        assert reader._stream._native is not None, "the native reader was not in use"
+        t.join(1.0)
+        assert t.is_alive(), "the read did not wait on the idle source: the test shows nothing"
+        began = time.monotonic()
+        reader.wake()
+        t.join(5.0)
+        assert not t.is_alive(), "wake() left the thread waiting in the read"
+        assert time.monotonic() - began < 1.0
+        assert isinstance(got[-1], SourceDisconnected), got[-1]
+    finally:
+        reader.close()
+        t.join(60)
