@@ -29,7 +29,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -62,7 +64,8 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
 def say(msg: str) -> None:
-    print(f"[control {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    print(f"[{Path(sys.argv[0]).stem} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr,
+          flush=True)
 
 
 def etcd_metrics(addr: str, sec: dict[str, str]) -> dict[str, float]:
@@ -171,18 +174,17 @@ def cluster(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
                           capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
 
 
-def one_run(side: str, base_root: Path | None, work: Path, a: argparse.Namespace, i: int) -> dict:
+@contextlib.contextmanager
+def running_cluster(cdir: Path, config: str, env: dict[str, str], what: str,
+                    settle: float) -> Iterator[tuple[Any, dict[str, int], Sysbench]]:
+    """`sluice cluster up` of `config` in `cdir`, its sysbench tables prepared, `settle` s
+    later: (the cluster's state, pid by process name — the supervisor's too —, the Sysbench
+    of its MariaDB). Down and removed after."""
     from sluice.ctl.cluster import read_state
     from sluice.ctl.cluster_config import Layout
-    env = dict(os.environ)
-    if base_root is not None:
-        env["PYTHONPATH"] = str(base_root)
-    else:
-        env.pop("PYTHONPATH", None)
-    cdir = work / f"{side}-{i}"
-    conf = work / "cluster.toml"
-    conf.write_text(CONFIG)
-    say(f"{side} run {i}: cluster up in {cdir}")
+    conf = cdir.parent / f"{cdir.name}.toml"
+    conf.write_text(config)
+    say(f"{what}: cluster up in {cdir}")
     up = cluster("up", "--dir", str(cdir), "--config", str(conf), env=env)
     try:
         if up.returncode != 0:
@@ -193,17 +195,33 @@ def one_run(side: str, base_root: Path | None, work: Path, a: argparse.Namespace
         pids = {n: r.pid for n, r in procs.items()}
         if state.supervisor is not None:
             pids["supervisor"] = state.supervisor.pid
-        metrics = {n: r.metrics_addr for n, r in procs.items() if r.metrics_addr}
-        ports = {"etcd": int(state.etcd.rsplit(":", 1)[1])}
-        for n, r in procs.items():
-            if n.startswith("tso"):
-                ports[n] = int(r.addr.rsplit(":", 1)[1])
         src_port = int(procs["mariadb"].addr.rsplit(":", 1)[1])
         with connect(src_port, PASSWORD) as conn, conn.cursor() as cur:
             cur.execute("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
         bench = Sysbench(src_port, PASSWORD, 2, 2000, 2)
         bench.prepare()
-        time.sleep(a.settle)
+        time.sleep(settle)
+        yield state, pids, bench
+    finally:
+        say(f"{what}: cluster down")
+        cluster("down", "--dir", str(cdir), env=env)
+        shutil.rmtree(cdir, ignore_errors=True)
+
+
+def one_run(side: str, base_root: Path | None, work: Path, a: argparse.Namespace, i: int) -> dict:
+    env = dict(os.environ)
+    if base_root is not None:
+        env["PYTHONPATH"] = str(base_root)
+    else:
+        env.pop("PYTHONPATH", None)
+    with running_cluster(work / f"{side}-{i}", CONFIG, env, f"{side} run {i}",
+                         a.settle) as (state, pids, bench):
+        procs = {r.name: r for r in state.processes}
+        metrics = {n: r.metrics_addr for n, r in procs.items() if r.metrics_addr}
+        ports = {"etcd": int(state.etcd.rsplit(":", 1)[1])}
+        for n, r in procs.items():
+            if n.startswith("tso"):
+                ports[n] = int(r.addr.rsplit(":", 1)[1])
         w = Window(pids, state.etcd, state.security, ports, metrics)
         w.start()
         time.sleep(a.seconds)
@@ -214,10 +232,6 @@ def one_run(side: str, base_root: Path | None, work: Path, a: argparse.Namespace
         load["tps"] = round(res.tps, 1)
         load["cpu_ms_txn"] = {k: round(v / res.tps, 4) for k, v in load["cpu_ms_s"].items()}
         return {"side": side, "run": i, "idle": idle, "load": load}
-    finally:
-        say(f"{side} run {i}: cluster down")
-        cluster("down", "--dir", str(cdir), env=env)
-        shutil.rmtree(cdir, ignore_errors=True)
 
 
 def med(runs: list[dict], window: str, group: str, key: str) -> float:

@@ -34,12 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from control_plane import CONFIG, PASSWORD, cluster  # noqa: E402
-from e2e_support import Sysbench, connect, proc_cpu_seconds  # noqa: E402
-
-def say(msg: str) -> None:
-    print(f"[rate-sweep {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
+from control_plane import CONFIG, running_cluster, say  # noqa: E402
+from e2e_support import proc_cpu_seconds  # noqa: E402
 
 PIPELINE = ("capture", "pump-1", "pump-2", "files", "tso-1", "tso-2", "etcd", "supervisor")
 
@@ -75,30 +71,10 @@ def capture_toml(sets: dict[str, str]) -> str:
 
 
 def one_run(name: str, sets: dict[str, str], work: Path, a: argparse.Namespace, i: int) -> dict:
-    from sluice.ctl.cluster import read_state
-    from sluice.ctl.cluster_config import Layout
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    cdir = work / f"{name}-{i}"
-    conf = work / f"{name}.toml"
-    conf.write_text(capture_toml(sets))
-    say(f"{name} run {i}: cluster up in {cdir}")
-    up = cluster("up", "--dir", str(cdir), "--config", str(conf), env=env)
-    try:
-        if up.returncode != 0:
-            raise RuntimeError(f"cluster up failed: {up.stdout[-2000:]}{up.stderr[-2000:]}")
-        state = read_state(Layout(cdir))
-        assert state is not None
-        procs = {r.name: r for r in state.processes}
-        pids = {n: r.pid for n, r in procs.items()}
-        if state.supervisor is not None:
-            pids["supervisor"] = state.supervisor.pid
-        src_port = int(procs["mariadb"].addr.rsplit(":", 1)[1])
-        with connect(src_port, PASSWORD) as conn, conn.cursor() as cur:
-            cur.execute("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
-        bench = Sysbench(src_port, PASSWORD, 2, 2000, 2)
-        bench.prepare()
-        time.sleep(a.settle)
+    with running_cluster(work / f"{name}-{i}", capture_toml(sets), env, f"{name} run {i}",
+                         a.settle) as (_, pids, bench):
         windows = []
         for rate in a.rates:
             c0, t0, load = proc_cpu_seconds(pids), time.monotonic(), os.getloadavg()[0]
@@ -116,10 +92,6 @@ def one_run(name: str, sets: dict[str, str], work: Path, a: argparse.Namespace, 
             say(f"{name} run {i}: {rate or 'idle'}: {tps:,.0f} tps, pipeline {pipe:.0f} ms/s, "
                 f"load {load:.1f}")
         return {"variant": name, "run": i, "windows": windows}
-    finally:
-        say(f"{name} run {i}: cluster down")
-        cluster("down", "--dir", str(cdir), env=env)
-        shutil.rmtree(cdir, ignore_errors=True)
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
