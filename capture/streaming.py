@@ -144,7 +144,8 @@ class Streaming:
         the native socket read, which runs without the GIL: left running, a read that returns
         while the interpreter finalizes crashes the process on its way back into Python (exit
         -6 or -11 after "capture stopped"). `wake` shuts the socket down until the thread is
-        gone (it may still be connecting); `self._stop` is set, so it exits without a put."""
+        gone (it may still be connecting). On a stop `self._stop` is set first, so the woken
+        thread hands nothing on; before a reconnect the thread has already handed on the loss."""
         reader, thread = self._reader, self._reader_thread
         if reader is None:
             return
