@@ -88,8 +88,8 @@ def one_run(name: str, sets: dict[str, str], work: Path, a: argparse.Namespace, 
             ms_s = {k: round(1000 * (c1[k] - c0.get(k, 0.0)) / secs, 1) for k in c1}
             windows.append({"rate": rate, "tps": round(tps, 1), "load": round(load, 2),
                             "ms_s": ms_s})
-            pipe = sum(v for k, v in ms_s.items() if k in PIPELINE)
-            say(f"{name} run {i}: {rate or 'idle'}: {tps:,.0f} tps, pipeline {pipe:.0f} ms/s, "
+            say(f"{name} run {i}: {rate or 'idle'}: {tps:,.0f} tps, "
+                f"pipeline {cpu(windows[-1], 'pipeline'):.0f} ms/s, "
                 f"load {load:.1f}")
         return {"variant": name, "run": i, "windows": windows}
 
@@ -104,6 +104,14 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def cpu(window: dict, process: str) -> float:
+    """CPU ms per second of `process` in a window; "pipeline": of every Sluice process."""
+    ms = window["ms_s"]
+    if process == "pipeline":
+        return sum(v for k, v in ms.items() if k in PIPELINE)
+    return float(ms.get(process, 0.0))
+
+
 def report(runs: list[dict], names: list[str], rates: list[int]) -> None:
     procs = sorted({k for r in runs for w in r["windows"] for k in w["ms_s"] if k in PIPELINE},
                    key=PIPELINE.index)
@@ -116,19 +124,13 @@ def report(runs: list[dict], names: list[str], rates: list[int]) -> None:
               + " | fixed ms/s | marginal ms/txn |")
         print("|---|" + "---:|" * (len(rates) + 2))
         for p in [*procs, "pipeline"]:
-            cells = []
-            for j, _ in enumerate(rates):
-                vals = [(sum(v for k, v in r["windows"][j]["ms_s"].items() if k in PIPELINE)
-                         if p == "pipeline" else r["windows"][j]["ms_s"].get(p, 0.0)) for r in rs]
-                cells.append(statistics.median(vals))
-                if p == "pipeline":
-                    med_pipe[(name, rates[j])] = cells[-1]
-            pts = [(r["windows"][j]["tps"],
-                    sum(v for k, v in r["windows"][j]["ms_s"].items() if k in PIPELINE)
-                    if p == "pipeline" else r["windows"][j]["ms_s"].get(p, 0.0))
-                   for r in rs for j, rate in enumerate(rates) if rate]
-            a, b = fit(pts)
+            cells = [statistics.median(cpu(r["windows"][j], p) for r in rs)
+                     for j in range(len(rates))]
+            a, b = fit([(w["tps"], cpu(w, p)) for r in rs for w in r["windows"] if w["rate"]])
             print(f"| {p} | " + " | ".join(f"{c:.1f}" for c in cells) + f" | {a:.1f} | {b:.4f} |")
+        med_pipe.update({(name, rate): statistics.median(cpu(r["windows"][j], "pipeline")
+                                                         for r in rs)
+                         for j, rate in enumerate(rates)})
         tps = [statistics.median(r["windows"][j]["tps"] for r in rs) for j in range(len(rates))]
         print("| source tps | " + " | ".join(f"{t:,.0f}" for t in tps) + " | | |")
     for name in names[1:]:

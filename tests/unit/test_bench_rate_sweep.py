@@ -38,3 +38,21 @@ def test_a_variant_becomes_capture_settings_the_cluster_file_carries(tmp_path: P
     for bad in ("g500", "g500:", "g500:group-min-interval-ms"):
         with pytest.raises(SystemExit, match="--variant"):
             rate_sweep.parse_variant(bad)
+
+
+def test_the_report_gives_each_variant_its_fit_and_the_ratio_to_the_defaults(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def run(variant: str, scale: float) -> dict:
+        windows = [{"rate": rate, "tps": float(rate), "load": 1.0,
+                    "ms_s": {"capture": scale * (30 if rate == 0 else 100 + 0.05 * rate),
+                             "pump-1": scale * (20 if rate == 0 else 40 + 0.01 * rate),
+                             "mariadb": 500.0}}
+                   for rate in (0, 300, 600)]
+        return {"variant": variant, "run": 1, "windows": windows}
+    rate_sweep.report([run("default", 1.0), run("fewer", 0.5)], ["default", "fewer"], [0, 300, 600])
+    out = capsys.readouterr().out
+    assert "| capture | 30.0 | 115.0 | 130.0 | 100.0 | 0.0500 |" in out
+    assert "| pump-1 | 20.0 | 43.0 | 46.0 | 40.0 | 0.0100 |" in out
+    assert "| pipeline | 50.0 | 158.0 | 176.0 | 140.0 | 0.0600 |" in out
+    assert "mariadb" not in out     # the source database is not the pipeline
+    assert "fewer / default (pipeline CPU ms/s, medians): idle: 0.50x, 300: 0.50x, 600: 0.50x" in out
