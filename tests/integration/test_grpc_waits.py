@@ -50,8 +50,10 @@ def test_a_thread_waiting_on_an_idle_grpc_stream_wakes_once_a_second(etcd_module
     default = _wakeups(etcd_module.endpoint, "default")
     calm = _wakeups(etcd_module.endpoint, "calm")
     assert default >= 20, f"grpc's own period should wake the waiter ~30 times in 3 s: {default}"
-    # One wakeup a second, each at most two switches (it may wait for the GIL once more).
-    assert calm <= 6, f"after calm_blocking_waits, 3 wakeups in 3 s expected: {calm}"
+    # One wakeup a second: a 3 s window holds 3 of them, or 4 when it starts just before one
+    # and ends just after another; each at most two switches (it may wait for the GIL once
+    # more). A CI run under load counted 7.
+    assert calm <= 8, f"after calm_blocking_waits, 3-4 wakeups in 3 s expected: {calm}"
 
 
 def test_sluice_main_calms_blocking_waits_for_the_command_it_runs(monkeypatch, tmp_path):
