@@ -175,17 +175,19 @@ def cluster(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
 
 
 @contextlib.contextmanager
-def running_cluster(cdir: Path, config: str, env: dict[str, str], what: str,
-                    settle: float) -> Iterator[tuple[Any, dict[str, int], Sysbench]]:
-    """`sluice cluster up` of `config` in `cdir`, its sysbench tables prepared, `settle` s
-    later: (the cluster's state, pid by process name — the supervisor's too —, the Sysbench
+def running_cluster(cdir: Path, config: str, env: dict[str, str], what: str, settle: float,
+                    overrides: list[str] | None = None
+                    ) -> Iterator[tuple[Any, dict[str, int], Sysbench]]:
+    """`sluice cluster up` of `config` (with `--set` `overrides`) in `cdir`, its sysbench tables
+    prepared, `settle` s later: (the cluster's state, pid by process name — the supervisor's too —, the Sysbench
     of its MariaDB). Down and removed after."""
     from sluice.ctl.cluster import read_state
     from sluice.ctl.cluster_config import Layout
     conf = cdir.parent / f"{cdir.name}.toml"
     conf.write_text(config)
     say(f"{what}: cluster up in {cdir}")
-    up = cluster("up", "--dir", str(cdir), "--config", str(conf), env=env)
+    sets = [arg for kv in overrides or () for arg in ("--set", kv)]
+    up = cluster("up", "--dir", str(cdir), "--config", str(conf), *sets, env=env)
     try:
         if up.returncode != 0:
             raise RuntimeError(f"cluster up failed: {up.stdout[-2000:]}{up.stderr[-2000:]}")

@@ -27,7 +27,6 @@ import statistics
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,41 +39,25 @@ from e2e_support import proc_cpu_seconds  # noqa: E402
 PIPELINE = ("capture", "pump-1", "pump-2", "files", "tso-1", "tso-2", "etcd", "supervisor")
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """NAME:key=value,... -> (NAME, the capture's keys as `sluice cluster up --set` overrides)."""
     name, _, sets = text.partition(":")
     if not name or not sets:
         raise SystemExit(f"--variant {text!r}: want NAME:key=value[,key=value...]")
-    out = {}
+    out = []
     for kv in sets.split(","):
         k, eq, v = kv.partition("=")
         if not eq:
             raise SystemExit(f"--variant {text!r}: {kv!r} is not key=value")
-        out[k.strip()] = v.strip()
+        out.append(f"capture.config.{k.strip()}={v.strip()}")
     return name, out
 
 
-def _toml_value(v: str) -> str:
-    """`v` as written when it is a TOML value (500, 1.5, true, [..]), else as a string."""
-    try:
-        tomllib.loads(f"x = {v}")
-        return v
-    except tomllib.TOMLDecodeError:
-        return json.dumps(v)
-
-
-def capture_toml(sets: dict[str, str]) -> str:
-    """The cluster file: control_plane's cluster, with `sets` as extra keys of capture.toml."""
-    if not sets:
-        return CONFIG
-    lines = [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in sets.items()]
-    return CONFIG + "\n[capture.config]\n" + "\n".join(lines) + "\n"
-
-
-def one_run(name: str, sets: dict[str, str], work: Path, a: argparse.Namespace, i: int) -> dict:
+def one_run(name: str, sets: list[str], work: Path, a: argparse.Namespace, i: int) -> dict:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    with running_cluster(work / f"{name}-{i}", capture_toml(sets), env, f"{name} run {i}",
-                         a.settle) as (_, pids, bench):
+    with running_cluster(work / f"{name}-{i}", CONFIG, env, f"{name} run {i}", a.settle,
+                         sets) as (_, pids, bench):
         windows = []
         for rate in a.rates:
             c0, t0, load = proc_cpu_seconds(pids), time.monotonic(), os.getloadavg()[0]
@@ -154,7 +137,7 @@ def main() -> int:
     a.rates = [int(r) for r in a.rates.split(",")]
     if any(r < 0 for r in a.rates):
         raise SystemExit("--rates: every rate must be >= 0")
-    variants = [("default", {})] + [parse_variant(v) for v in a.variant]
+    variants: list[tuple[str, list[str]]] = [("default", [])] + [parse_variant(v) for v in a.variant]
     names = [n for n, _ in variants]
     work = Path(tempfile.mkdtemp(prefix="rate-sweep-"))
     runs = []
