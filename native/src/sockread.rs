@@ -5,12 +5,16 @@
 //! Why: live, the reader thread took and gave back the GIL twice per socket read (Python's
 //! `select` and `recv` each release it), and a read that held part of a packet or of a
 //! transaction cost one more round. Here a batch costs one hand-over however many reads it took.
-//! When the last read was small (the socket was drained: events trickle), the reader lingers:
-//! it keeps reading as long as more bytes arrive within `linger_ms` of each other (at most
-//! `linger_max_ms` in all, or until `chunk` bytes are buffered), so a trickle is handed over in
-//! fewer, larger batches. It only ever waits on the socket (never sleeps), so a source that
-//! keeps sending (catch-up) is read as fast as it sends — the cap of the 4 ms sleep tried before
-//! (docs/benchmarks.md, "Capture live: where the CPU goes") cannot happen.
+//! When the last read was small (the socket was drained: events trickle), the reader gathers:
+//! it sleeps `linger_ms`, then takes whatever came in one read, and again while each sleep brought
+//! bytes (at most `linger_max_ms` in all, or until `chunk` bytes are buffered). A trickle is so
+//! handed over in fewer, larger batches, and read in one wakeup per `linger_ms` rather than one
+//! per packet the source sends (a wait on the socket returns for each: on a live source about one
+//! per transaction, and a wakeup is what the reader's CPU goes to there). A read of `small` bytes
+//! or more ends the gathering at once, so a source that keeps sending (catch-up) is read as fast
+//! as it sends: the cap of the 4 ms sleep of the Python reader tried before (docs/benchmarks.md,
+//! "Capture live: where the CPU goes") came from its 16 KiB buffered reads, which this read
+//! (up to `chunk`) does not have.
 
 use std::io;
 use std::os::raw::{c_int, c_short, c_ulong, c_void};
@@ -37,6 +41,10 @@ extern "C" {
     fn poll(fds: *mut PollFd, nfds: c_ulong, timeout: c_int) -> c_int;
     fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize;
 }
+
+/// recv's flag: do not block, whatever the socket's mode (Python's socket without a timeout is
+/// blocking).
+const MSG_DONTWAIT: c_int = 0x40;
 
 /// Waits until `fd` is readable (or hung up / in error: the next recv says which) -> false when
 /// `timeout` passed first (None: no limit). Interrupted waits resume with the time left (PEP 475).
@@ -74,14 +82,14 @@ enum Failure {
 }
 
 /// One recv of up to `want` bytes appended to `buf` -> the bytes read; Ok(None) when the socket
-/// had nothing after all (a non-blocking socket: Python's timeout mode) or the call was
-/// interrupted.
-fn recv_into(fd: c_int, buf: &mut Vec<u8>, want: usize) -> Result<Option<usize>, Failure> {
+/// had nothing after all (a non-blocking socket: Python's timeout mode, or `MSG_DONTWAIT` in
+/// `flags`) or the call was interrupted.
+fn recv_into(fd: c_int, buf: &mut Vec<u8>, want: usize, flags: c_int) -> Result<Option<usize>, Failure> {
     buf.reserve(want);
     let spare = buf.spare_capacity_mut();
     // SAFETY: recv writes at most `want` (<= spare.len()) bytes into the spare capacity, and
     // only the bytes it reports written are then counted as initialized.
-    let n = unsafe { recv(fd, spare.as_mut_ptr() as *mut c_void, want, 0) };
+    let n = unsafe { recv(fd, spare.as_mut_ptr() as *mut c_void, want, flags) };
     if n > 0 {
         unsafe { buf.set_len(buf.len() + n as usize) };
         return Ok(Some(n as usize));
@@ -114,7 +122,7 @@ struct State {
 }
 
 impl State {
-    /// Reads (no GIL) until a whole payload is buffered, then lingers as the module says.
+    /// Reads (no GIL) until a whole payload is buffered, then gathers as the module says.
     fn fill(&mut self, fd: c_int, reads: &AtomicU64, timeout: Option<Duration>, chunk: usize,
             small: usize, linger: Duration, linger_max: Duration) -> Result<(), Failure> {
         let mut last = 0usize;
@@ -123,7 +131,7 @@ impl State {
                 return Err(Failure::Error("timed out".into()));
             }
             let want = chunk.max(missing_bytes(&self.buf));
-            if let Some(n) = recv_into(fd, &mut self.buf, want)? {
+            if let Some(n) = recv_into(fd, &mut self.buf, want, 0)? {
                 reads.fetch_add(1, Ordering::Relaxed);
                 last = n;
             }
@@ -137,22 +145,15 @@ impl State {
             if left.is_zero() {
                 break;
             }
-            match wait_readable(fd, Some(left.min(linger))) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => {
-                    self.failed = Some(Failure::Error(e.to_string()));
-                    break;
-                }
-            }
-            match recv_into(fd, &mut self.buf, chunk) {
+            std::thread::sleep(left.min(linger));
+            match recv_into(fd, &mut self.buf, chunk, MSG_DONTWAIT) {
                 Ok(Some(n)) => {
                     reads.fetch_add(1, Ordering::Relaxed);
                     if n >= small {
                         break; // the source is sending faster than a trickle: hand it over
                     }
                 }
-                Ok(None) => {}
+                Ok(None) => break, // nothing came while we slept: the trickle paused
                 Err(f) => {
                     self.failed = Some(f);
                     break;

@@ -161,6 +161,30 @@ def test_lingering_hands_a_trickle_over_in_one_batch(conn: tuple[socket.socket, 
     assert err is None and payloads == [b"\x000"] and seq == 5
 
 
+def test_a_trickle_is_read_once_per_linger_not_once_per_packet(
+        conn: tuple[socket.socket, socket.socket]) -> None:
+    """A live source sends about one packet per transaction. While lingering the reader sleeps
+    and takes what came in one read: 40 packets 1 ms apart, lingering 10 ms (200 ms at most),
+    take ~5 reads; a reader that waited on the socket instead would read each one as it came
+    (~40 reads, as many wakeups)."""
+    server, client = conn
+
+    def trickle() -> None:
+        for i in range(40):
+            server.sendall(pk(b"\x00%d" % i, i))
+            time.sleep(0.001)
+    r = sluice_native.PacketReader(client.fileno(), 0)
+    t = in_thread(trickle)
+    got: list[bytes] = []
+    while len(got) < 40:
+        payloads, _, _, err = read(r, linger_ms=10, linger_max_ms=200)
+        assert err is None
+        got += payloads
+    t.join()
+    assert got == [b"\x00%d" % i for i in range(40)]
+    assert r.reads <= 15, f"{r.reads} reads for 40 packets"
+
+
 def test_lingering_is_bounded(conn: tuple[socket.socket, socket.socket]) -> None:
     """A source that never pauses is handed over after `linger_max_ms` at most."""
     server, client = conn
