@@ -14,11 +14,12 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import sluice_native
 from pymysqlreplication.constants.BINLOG import TABLE_MAP_EVENT
 from pymysqlreplication.event import FormatDescriptionEvent, QueryEvent, RotateEvent
 
 from sluice.capture.binlog_errors import BinlogProtocolError, UnknownTableId
-from sluice.capture.payload import Mutation, RowsMutation, prewrite_payloads, source_info
+from sluice.capture.payload import Mutation, RowsMutation
 from sluice.capture.schema import SchemaTracker, TableEntry, version_of
 from sluice.capture.types import UndecodableRow
 from sluice.core.log import kv
@@ -85,10 +86,9 @@ class SourceTxn:
 
     def prewrite_values(self, source_name: str) -> list[bytes]:
         """The serialized PrewriteValue(s): one, or one per DDL when a statement acts on several
-        tables (capture/payload.py builds the wire bytes)."""
-        src = source_info(source_name, self.server_id, self.gtid, self.file, self.offset, self.ts_ms)
-        return prewrite_payloads(self.mutations, self.schema_snapshots, self.ddls, src,
-                                 self.snapshot is not None)
+        tables (the schema snapshots travel with the first), built natively from the rows' wire
+        bytes (native/src/pumpwrite.rs)."""
+        return sluice_native.prewrite_values(self, source_name, RowsMutation)
 
 
 class _Open:

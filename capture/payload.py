@@ -1,32 +1,30 @@
-"""A capture transaction's Prewrite payload (pb.PrewriteValue) built as protobuf wire bytes.
+"""A capture transaction's mutations as protobuf wire bytes (`RowsMutation`).
 
 The native row decoder already returns each rows event's `repeated RowChange` as wire bytes;
 a TableMutation is a few header fields in front of them and a PrewriteValue is its mutations,
-DDL, schema snapshots and source info, each length-delimited. Building those bytes directly
-(instead of message trees that protobuf copies into the PrewriteValue and serializes again)
-keeps the payload's meaning exactly: the payload decodes, field by field, to the message the
-protobuf classes build from the same parts (tests/unit/test_capture_payload.py). Fields are
-written in field-number order with proto3 defaults omitted, as protobuf serializes them.
+DDL, schema snapshots and source info, each length-delimited. The PrewriteValue is built from
+those bytes natively (native/src/pumpwrite.rs, `SourceTxn.prewrite_values`), not as message
+trees that protobuf copies and serializes again, and keeps the payload's meaning exactly: it
+decodes, field by field, to the message the protobuf classes build from the same parts
+(tests/unit/test_capture_payload.py). Fields are written in field-number order with proto3
+defaults omitted, as protobuf serializes them.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from sluice.core.wire import int_field as _int_field, len_field
 from sluice.proto import sluice_pb2 as pb
 
-__all__ = ["RowsMutation", "Mutation", "change_count", "source_info", "prewrite_payloads"]
+__all__ = ["RowsMutation", "Mutation", "change_count"]
 
 def _str_field(tag: int, s: str) -> bytes:
     return len_field(tag, s.encode()) if s else b""
 
 
-# Header bytes of a table's mutations and the constant head of the source info: the same for
-# every transaction on that table / from that source (bounded: a shape change adds one).
+# Header bytes of a table's mutations: the same for every transaction on that table (bounded: a
+# shape change adds one).
 _HEADS: dict[tuple[int, str, str, int], bytes] = {}
-_SOURCE_HEADS: dict[tuple[str, int], bytes] = {}
-_FILES: dict[str, bytes] = {}
 _MAX_CACHED = 1 << 14
 
 
@@ -95,33 +93,3 @@ Mutation = RowsMutation | pb.TableMutation
 
 def change_count(m: Mutation) -> int:
     return m.count if type(m) is RowsMutation else len(m.changes)
-
-
-def source_info(name: str, server_id: int, gtid: str, file: str, pos: int, ts_ms: int) -> bytes:
-    """pb.SourceInfo's wire bytes."""
-    head = _SOURCE_HEADS.get((name, server_id))
-    if head is None:
-        head = _cached(_SOURCE_HEADS, (name, server_id),
-                       _str_field(0x0A, name) + _int_field(0x10, server_id))
-    f = _FILES.get(file)
-    if f is None:
-        f = _cached(_FILES, file, _str_field(0x22, file))
-    return b"".join((head, _str_field(0x1A, gtid), f, _int_field(0x28, pos), _int_field(0x30, ts_ms)))
-
-
-def prewrite_payloads(mutations: Sequence[Mutation], schema_snapshots: Sequence[pb.TableInfo],
-                      ddls: Sequence[pb.DDL], source: bytes, snapshot_chunk: bool) -> list[bytes]:
-    """The serialized PrewriteValue(s) of one source transaction: one, or one per DDL when a
-    statement acts on several tables (the schema snapshots travel with the first)."""
-    src = len_field(0x2A, source)
-    snaps = b"".join(len_field(0x22, s.SerializeToString()) for s in schema_snapshots)
-    if len(ddls) <= 1:
-        parts = [len_field(0x12, m.SerializeToString()) for m in mutations]
-        if ddls:
-            parts.append(len_field(0x1A, ddls[0].SerializeToString()))
-        parts += (snaps, src)
-        if snapshot_chunk:
-            parts.append(b"\x30\x01")
-        return [b"".join(parts)]
-    return [len_field(0x1A, d.SerializeToString()) + (snaps if i == 0 else b"") + src
-            for i, d in enumerate(ddls)]

@@ -30,7 +30,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import grpc
+import sluice_native
 
+from sluice.capture.payload import RowsMutation
 from sluice.capture.reader import SourceTxn
 from sluice.client import binlogs
 from sluice.client.commit import CommitCore, Prewritten, TxnAborted
@@ -85,44 +87,41 @@ def stamped(value: bytes, position: pb.Position, snapshot: pb.SnapshotProgress |
 def pump_txns(group: list[SourceTxn], source_name: str, generation: int = 0) -> list[PumpItem]:
     """The pump transactions of a group. Empty source transactions are dropped, except the
     group's last one, which still carries the position forward (so a restart does not re-read a
-    long run of filtered transactions)."""
+    long run of filtered transactions). Built natively (native/src/pumpwrite.rs); a transaction
+    with several values or snapshot progress comes back here (`_several`)."""
+    return sluice_native.pump_items(group, source_name, generation, RowsMutation, PumpItem,
+                                     _several, binlogs.position_bytes)
+
+
+def _several(st: SourceTxn, values: list[bytes], generation: int) -> list[PumpItem]:
+    """The pump transactions of `st` when it is not one value without snapshot progress."""
     out: list[PumpItem] = []
-    append = out.append
-    last = len(group) - 1
-    for i, st in enumerate(group):
-        if st.empty and i != last:
-            continue
-        values = st.prewrite_values(source_name)
-        if len(values) == 1 and st.snapshot is None:
-            # The common case: the source position serialized once, straight from the reader.
-            append(PumpItem(values[0], binlogs.position_bytes(st.position, generation), None))
-            continue
-        for j, v in enumerate(values):
-            pos = st.position
-            if j:
-                # A statement acting on several tables (DROP TABLE a, b) is several pump
-                # transactions at one source position, ordered by sub_seq; a snapshot chunk's
-                # position already carries its own sub_seq (2^32 + n), which is kept.
-                pos = pb.Position()
-                pos.CopyFrom(st.position)
-                pos.sub_seq = st.position.sub_seq + j
-            snap = st.snapshot
-            if snap is not None:
-                # recorded at the position of the transaction that carries it
-                snap = pb.SnapshotProgress()
-                snap.CopyFrom(st.snapshot)
-                snap.recorded_at.CopyFrom(pos)
-            append(stamped(v, pos, snap, generation))
+    for j, v in enumerate(values):
+        pos = st.position
+        if j:
+            # A statement acting on several tables (DROP TABLE a, b) is several pump
+            # transactions at one source position, ordered by sub_seq; a snapshot chunk's
+            # position already carries its own sub_seq (2^32 + n), which is kept.
+            pos = pb.Position()
+            pos.CopyFrom(st.position)
+            pos.sub_seq = st.position.sub_seq + j
+        snap = st.snapshot
+        if snap is not None:
+            # recorded at the position of the transaction that carries it
+            snap = pb.SnapshotProgress()
+            snap.CopyFrom(st.snapshot)
+            snap.recorded_at.CopyFrom(pos)
+        out.append(stamped(v, pos, snap, generation))
     return out
 
 
 def group_prewrites(items: list[PumpItem], ident: bytes, first_start: int,
                     now_ms: int) -> list[binlogs.Encoded]:
     """The group's PREWRITE binlogs, start_ts consecutive from `first_start`; `ident` is
-    `binlogs.identity(producer_id, epoch)`."""
-    prewrite, tail = binlogs.prewrite, binlogs.tail
-    return [prewrite(first_start + i, v, tail(ident, pos, snap, now_ms))
-            for i, (v, pos, snap) in enumerate(items)]
+    `binlogs.identity(producer_id, epoch)`. The bytes of `binlogs.prewrite` with
+    `binlogs.tail`, built natively (native/src/pumpwrite.rs)."""
+    return sluice_native.prewrite_binlogs(items, ident, first_start, now_ms, pb.PREWRITE,
+                                          binlogs.Encoded)
 
 
 def _how_far(p: pb.SnapshotProgress) -> tuple[bool, int, int]:

@@ -12,6 +12,7 @@ mod endian;
 mod rowdecoder;
 mod events;
 mod sockread;
+mod pumpwrite;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyValueError};
@@ -28,6 +29,10 @@ fn sluice_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_event, m)?)?;
     m.add_function(wrap_pyfunction!(split_packets, m)?)?;
     m.add_class::<sockread::PacketReader>()?; // the capture's dump connection (sockread.rs)
+    // the capture's pump transactions and PREWRITE binlogs (pumpwrite.rs)
+    m.add_function(wrap_pyfunction!(pumpwrite::prewrite_values, m)?)?;
+    m.add_function(wrap_pyfunction!(pumpwrite::pump_items, m)?)?;
+    m.add_function(wrap_pyfunction!(pumpwrite::prewrite_binlogs, m)?)?;
     m.add("DecodeError", m.py().get_type::<DecodeError>())?;
     // the drainer's side (prewrite.rs): Prewrite payloads -> the MySQL sink's SQL parameters
     m.add_class::<prewrite::MutationDecoder>()?;

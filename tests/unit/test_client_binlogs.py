@@ -10,11 +10,11 @@ PREWRITE's producer, epoch, position, snapshot progress and ts_ms.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sluice.capture.assembler import SourceTxn
+from sluice.capture.payload import RowsMutation
 from sluice.capture.writer import group_prewrites, pump_txns, stamped
 from sluice.client import binlogs
 from sluice.proto import sluice_pb2 as pb
@@ -23,17 +23,25 @@ from tests.support import pywriter
 U32, U64, I64 = (1 << 32) - 1, (1 << 64) - 1, (1 << 63) - 1
 
 
-@dataclass
-class FakeTxn:
-    """What pump_txns reads of a SourceTxn."""
-
-    position: pb.Position
-    snapshot: pb.SnapshotProgress | None
-    values: list[bytes]
-    empty: bool
-
-    def prewrite_values(self, source_name: str) -> list[bytes]:
-        return list(self.values)
+def txn(pos: pb.Position, snapshot: pb.SnapshotProgress | None, kind: str) -> SourceTxn:
+    """A source transaction of one `kind`: "rows" (one pump transaction), "tables" (a statement
+    on three tables: three pump transactions at one position, the schema snapshot with the
+    first), "empty" (filtered out: only its position goes on)."""
+    mutations: tuple[RowsMutation, ...] = ()
+    ddls: tuple[pb.DDL, ...] = ()
+    snaps: tuple[pb.TableInfo, ...] = ()
+    if kind == "rows":
+        m = RowsMutation(7, "d", "t", 2)
+        m.add(b"\x2a\x02\x08\x01", 1)
+        m.add(b"\x2a\x00" * 100, 100)
+        mutations = (m,)
+    elif kind == "tables":
+        ddls = tuple(pb.DDL(tp=pb.DROP_TABLE, schema_name="d", table_name=t,
+                            query="DROP TABLE a, b, ü") for t in ("a", "b", "ü"))
+        snaps = (pb.TableInfo(table_id=9, schema_name="d", table_name="a", version=1),)
+    return SourceTxn(position=pos, gtid="0-1-99", server_id=1, ts_ms=1_700_000_000_000,
+                     file=pos.file_name, offset=pos.offset, mutations=mutations,
+                     schema_snapshots=snaps, ddls=ddls, size=10, snapshot=snapshot)
 
 
 def position(file_seq: int = 0, offset: int = 0, sub_seq: int = 0, file_name: str = "",
@@ -78,7 +86,7 @@ SNAPSHOTS = [
 ]
 
 
-def old_and_new(group: list[FakeTxn], producer_id: str, epoch: int, generation: int,
+def old_and_new(group: list[SourceTxn], producer_id: str, epoch: int, generation: int,
                 first_start: int, now_ms: int, commit_ts: int
                 ) -> tuple[list[bytes], list[bytes], list[binlogs.Encoded], list[binlogs.Encoded]]:
     old_p = pywriter.prewrites(pywriter.pump_txns(group, "src"), producer_id, epoch, generation,
@@ -91,7 +99,7 @@ def old_and_new(group: list[FakeTxn], producer_id: str, epoch: int, generation: 
             new_p, new_c)
 
 
-def check(group: list[FakeTxn], producer_id: str = "capture-1", epoch: int = 3,
+def check(group: list[SourceTxn], producer_id: str = "capture-1", epoch: int = 3,
           generation: int = 0, first_start: int = 1 << 50, now_ms: int = 1_700_000_000_123,
           commit_ts: int = (1 << 50) + 1000) -> None:
     old_p, old_c, new_p, new_c = old_and_new(group, producer_id, epoch, generation, first_start,
@@ -111,15 +119,16 @@ def test_torture_positions_and_snapshot_progress_give_the_old_paths_bytes() -> N
     for generation in (0, 1, U32):
         for pos in TORTURE:
             for snap in SNAPSHOTS:
-                group = [FakeTxn(pos, snap, [b"\x2a\x00"], False),
-                         FakeTxn(pos, None, [b"v1", b"", b"v" * 200], False),
-                         FakeTxn(pos, None, [b""], True),
-                         FakeTxn(TORTURE[2], snap, [b"last"], False),
-                         FakeTxn(TORTURE[1], None, [b""], True)]
+                group = [txn(pos, snap, "rows"),
+                         txn(pos, None, "tables"),
+                         txn(pos, None, "empty"),
+                         txn(TORTURE[2], snap, "rows"),
+                         txn(pos, snap, "tables"),
+                         txn(TORTURE[1], None, "empty")]
                 check(group, generation=generation)
     # producer ids and epochs at their edges
     for producer_id, epoch in (("", 0), ("ü-capture", I64), ("p" * 200, 1)):
-        check([FakeTxn(TORTURE[2], SNAPSHOTS[2], [b"x"], False)], producer_id, epoch)
+        check([txn(TORTURE[2], SNAPSHOTS[2], "rows")], producer_id, epoch)
 
 
 def test_the_source_transaction_is_left_as_it_was() -> None:
@@ -127,24 +136,23 @@ def test_the_source_transaction_is_left_as_it_was() -> None:
     (the snapshotter and the lag still read them)."""
     pos, snap = position(file_seq=1, offset=4, gtids=((0, 1, 2),)), progress(snapshot_id="s")
     before = (pos.SerializeToString(), snap.SerializeToString())
-    pump_txns([FakeTxn(pos, snap, [b"a", b"b"], False), FakeTxn(pos, None, [b"c"], False)],
-              "src", generation=5)
+    pump_txns([txn(pos, snap, "tables"), txn(pos, None, "rows")], "src", generation=5)
     assert (pos.SerializeToString(), snap.SerializeToString()) == before
 
 
 def test_a_stamped_item_matches_the_old_write_items() -> None:
     """An item written outside a group (the declaration of seeded tables) gets the generation
     on its position and, only when set, on its progress's recorded_at — as write_items did."""
-    for generation in (0, 9):
+    for generation, value in ((0, b"val"), (9, b"val"), (9, b"")):
         for snap in SNAPSHOTS:
             pos = position(file_seq=4, offset=44, gtids=((0, 1, 2),))
-            item = stamped(b"val", pos, snap, generation)
+            item = stamped(value, pos, snap, generation)
             old_pos, old_snap = pb.Position(), None
             old_pos.CopyFrom(pos)
             if snap is not None:
                 old_snap = pb.SnapshotProgress()
                 old_snap.CopyFrom(snap)
-            old = pywriter.prewrites([(b"val", old_pos, old_snap)], "p", 1, generation, 10, 20)
+            old = pywriter.prewrites([(value, old_pos, old_snap)], "p", 1, generation, 10, 20)
             new = group_prewrites([item], binlogs.identity("p", 1), 10, 20)
             assert new[0].raw == old[0].SerializeToString()
 
@@ -172,15 +180,14 @@ _progress = st.one_of(st.none(), st.builds(
     progress, st.one_of(st.none(), _positions), snapshot_id=_text,
     tables=st.lists(_text, max_size=3), current_table=_text, chunks_done=_u64, rows_done=_u64,
     finished=st.booleans(), paused=st.booleans(), mode=_text))
-_txns = st.builds(FakeTxn, _positions, _progress,
-                  st.lists(st.binary(max_size=300), min_size=1, max_size=3), st.booleans())
+_txns = st.builds(txn, _positions, _progress, st.sampled_from(["rows", "tables", "empty"]))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(group=st.lists(_txns, min_size=1, max_size=6), producer_id=_text,
        epoch=st.integers(0, I64), generation=st.one_of(st.just(0), _u32),
        first_start=st.integers(1, 1 << 62), now_ms=_i64, commit_ts=st.integers(1, 1 << 62))
-def test_random_groups_give_the_old_paths_bytes(group: list[FakeTxn], producer_id: str,
+def test_random_groups_give_the_old_paths_bytes(group: list[SourceTxn], producer_id: str,
                                                  epoch: int, generation: int, first_start: int,
                                                  now_ms: int, commit_ts: int) -> None:
     """Random groups (any position, progress, values, producer, epoch, generation, timestamps):

@@ -53,15 +53,13 @@ def test_the_latest_progress_over_pumps_is_the_one_recorded_at_the_greatest_posi
     assert not latest_progress([resumed, paused]).paused
     assert latest_progress([paused, resumed]) is resumed
     # the writer stamps the position of the transaction that carries the progress
-    class Src:  # the attributes pump_txns reads from a SourceTxn
-        empty = False
-        position = pb.Position(file_seq=2, offset=7)
-        snapshot = pb.SnapshotProgress(snapshot_id="c")
-
-        def prewrite_values(self, source_name: str) -> list[bytes]:
-            return [b""]
-    (_, pos_b, snap_b), = pump_txns([Src()], "src")  # type: ignore[list-item]
+    from sluice.capture.assembler import SourceTxn
+    src = SourceTxn(position=pb.Position(file_seq=2, offset=7), gtid="", server_id=0, ts_ms=0,
+                    file="", offset=7, mutations=(pb.TableMutation(table_id=1),),
+                    schema_snapshots=(), ddls=(), size=0,
+                    snapshot=pb.SnapshotProgress(snapshot_id="c"))
+    (_, pos_b, snap_b), = pump_txns([src], "src")
     assert snap_b is not None
     pos, snap = pb.Position.FromString(pos_b), pb.SnapshotProgress.FromString(snap_b)
-    assert snap.recorded_at == pos and pos == Src.position
-    assert not Src.snapshot.HasField("recorded_at")
+    assert snap.recorded_at == pos and pos == src.position
+    assert src.snapshot is not None and not src.snapshot.HasField("recorded_at")
