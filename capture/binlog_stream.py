@@ -118,7 +118,7 @@ _READ_CHUNK = 256 * 1024
 # gathers: it sleeps _LINGER_MS and takes what came in one read, again while each sleep brought
 # bytes, _LINGER_MAX_MS at most (native/src/sockread.rs): fewer, larger batches per GIL
 # hand-over, and one wakeup per _LINGER_MS instead of one per transaction of a live source
-# (docs/benchmarks.md, round 33: 4 ms took ~6% off the capture's CPU against 2 ms, 8 / 20 ms
+# (docs/benchmarks.md, round 33: 4 ms took 6-8% off the capture's CPU against 2 ms, 8 / 20 ms
 # nothing more). A read of _SMALL_READ or more ends it: catch-up is read as fast as it comes.
 _SMALL_READ = 16 * 1024
 _LINGER_MS = 4.0
