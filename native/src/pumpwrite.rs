@@ -30,31 +30,31 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PySequence, PyString, PyTuple};
 
-use crate::wire::put_varint;
+use crate::wire::{put_len_field as put_len, put_u32_field as put_int};
 
-// Keys (field number << 3 | wire type) of the messages written here.
-const MUT_TABLE_ID: u8 = 0x08; // TableMutation
-const MUT_SCHEMA: u8 = 0x12;
-const MUT_TABLE: u8 = 0x1A;
-const MUT_VERSION: u8 = 0x20;
-const SRC_NAME: u8 = 0x0A; // SourceInfo
-const SRC_SERVER_ID: u8 = 0x10;
-const SRC_GTID: u8 = 0x1A;
-const SRC_FILE: u8 = 0x22;
-const SRC_POS: u8 = 0x28;
-const SRC_TS_MS: u8 = 0x30;
-const PV_MUTATION: u8 = 0x12; // PrewriteValue
-const PV_DDL: u8 = 0x1A;
-const PV_SCHEMA: u8 = 0x22;
-const PV_SOURCE: u8 = 0x2A;
-const PV_SNAPSHOT_CHUNK: [u8; 2] = [0x30, 0x01];
-const POS_GENERATION: u8 = 0x48; // Position.generation, its last field
-const BL_TYPE: u8 = 0x08; // Binlog
-const BL_START_TS: u8 = 0x10;
-const BL_VALUE: u8 = 0x22;
-const BL_POSITION: u8 = 0x4A;
-const BL_SNAPSHOT: u8 = 0x52;
-const BL_TS_MS: u8 = 0x58;
+// Field numbers of the messages written here.
+const MUT_TABLE_ID: u32 = 1; // TableMutation
+const MUT_SCHEMA: u32 = 2;
+const MUT_TABLE: u32 = 3;
+const MUT_VERSION: u32 = 4;
+const SRC_NAME: u32 = 1; // SourceInfo
+const SRC_SERVER_ID: u32 = 2;
+const SRC_GTID: u32 = 3;
+const SRC_FILE: u32 = 4;
+const SRC_POS: u32 = 5;
+const SRC_TS_MS: u32 = 6;
+const PV_MUTATION: u32 = 2; // PrewriteValue
+const PV_DDL: u32 = 3;
+const PV_SCHEMA: u32 = 4;
+const PV_SOURCE: u32 = 5;
+const PV_SNAPSHOT_CHUNK: u32 = 6;
+const POS_GENERATION: u32 = 9; // Position.generation, its last field
+const BL_TYPE: u32 = 1; // Binlog
+const BL_START_TS: u32 = 2;
+const BL_VALUE: u32 = 4;
+const BL_POSITION: u32 = 9;
+const BL_SNAPSHOT: u32 = 10;
+const BL_TS_MS: u32 = 11;
 
 /// A Python int as protobuf writes an int64/uint64: its two's complement bits.
 fn int_of(v: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -64,23 +64,10 @@ fn int_of(v: &Bound<'_, PyAny>) -> PyResult<u64> {
     }
 }
 
-fn put_int(out: &mut Vec<u8>, key: u8, n: u64) {
-    if n != 0 {
-        out.push(key);
-        put_varint(out, n);
-    }
-}
-
-fn put_len(out: &mut Vec<u8>, key: u8, data: &[u8]) {
-    out.push(key);
-    put_varint(out, data.len() as u64);
-    out.extend_from_slice(data);
-}
-
-fn put_str(out: &mut Vec<u8>, key: u8, s: &Bound<'_, PyAny>) -> PyResult<()> {
+fn put_str(out: &mut Vec<u8>, field: u32, s: &Bound<'_, PyAny>) -> PyResult<()> {
     let s = s.cast::<PyString>()?.to_str()?;
     if !s.is_empty() {
-        put_len(out, key, s.as_bytes());
+        put_len(out, field, s.as_bytes());
     }
     Ok(())
 }
@@ -144,7 +131,7 @@ fn values_of<'py>(st: &Bound<'py, PyAny>, source_name: &Bound<'py, PyAny>,
         v.extend_from_slice(&snaps);
         v.extend_from_slice(&src);
         if !st.getattr(intern!(py, "snapshot"))?.is_none() {
-            v.extend_from_slice(&PV_SNAPSHOT_CHUNK);
+            put_int(&mut v, PV_SNAPSHOT_CHUNK, 1);
         }
         return Ok(vec![v]);
     }
@@ -233,7 +220,7 @@ pub(crate) fn prewrite_binlogs<'py>(py: Python<'py>, items: &Bound<'py, PyAny>, 
         put_int(&mut tail, BL_TS_MS, now_ms as u64);
         let value = value.cast::<PyBytes>()?.as_bytes();
         let mut raw = Vec::with_capacity(value.len() + tail.len() + 24);
-        raw.extend_from_slice(&[BL_TYPE, tp]);
+        put_int(&mut raw, BL_TYPE, tp as u64);
         put_int(&mut raw, BL_START_TS, start);
         if !value.is_empty() {
             put_len(&mut raw, BL_VALUE, value);

@@ -143,7 +143,8 @@ pub(crate) fn put_len_field(out: &mut Vec<u8>, field: u32, data: &[u8]) {
     out.extend_from_slice(data);
 }
 
-/// A proto3 scalar inside DateTimeValue / TimeValue: zero is the default and is not written.
+/// A proto3 varint field (unsigned, or an int64 as its two's complement bits): zero is the
+/// default and is not written. DateTimeValue / TimeValue (rowdecoder.rs), pump writes (pumpwrite.rs).
 #[inline]
 pub(crate) fn put_u32_field(out: &mut Vec<u8>, field: u32, v: u64) {
     if v != 0 {
